@@ -1,0 +1,35 @@
+# The two set-up commands: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+SHARED ?= $(abspath ../shared/data)
+BIN := $(VENV)/bin
+RUNS := runs/demo
+
+.PHONY: install demo test test-fast clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: a CPU build here, and nothing else pulls a multi-GB CUDA wheel afterwards
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	mkdir -p $(RUNS)
+	$(BIN)/dimmem windows --format locomo --input $(SHARED)/locomo/locomo10.json --window 25 --overlap 5 \
+		--tokenizer $(SHARED)/qwen3-tokenizer --out $(RUNS)/windows-locomo-25-5.jsonl
+	$(BIN)/dimmem windows --format locomo --input $(SHARED)/locomo/locomo10.json --window 15 --overlap 3 \
+		--tokenizer $(SHARED)/qwen3-tokenizer --out $(RUNS)/windows-locomo-15-3.jsonl
+
+test: install
+	$(BIN)/python -m pytest -q -m ""
+
+test-fast: install
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

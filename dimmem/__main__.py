@@ -1,0 +1,5 @@
+import sys
+
+from dimmem.cli import main
+
+sys.exit(main())

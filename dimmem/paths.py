@@ -1,0 +1,27 @@
+"""Where the project and the shared data live.
+
+Datasets and the tokenizer are never copied into the project: they are read from
+`<repo root>/../shared/data`, or from `$DIMMEM_SHARED_DATA` when set.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("DIMMEM_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
+
+
+def shared_data(relative: str) -> Path:
+    """A path under the shared data folder, with a clear error when it is missing."""
+    path = shared_data_dir() / relative
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found. Shared data is read from <repo>/../shared/data; "
+            "set DIMMEM_SHARED_DATA to point elsewhere."
+        )
+    return path

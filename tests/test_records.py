@@ -1,0 +1,116 @@
+"""The schemas are the contract with OpenAI strict structured outputs and with vLLM's xgrammar backend."""
+import copy
+import json
+
+import pytest
+from jsonschema import Draft202012Validator
+from openai.lib._pydantic import _ensure_strict_json_schema
+
+from dimmem.records import TASK_MODELS, canonical_json, json_schema, response_format
+
+DESIGN_EXAMPLE = {"memories": [{
+    "source_turns": ["t6", "t7"], "speaker": "Caroline",
+    "content": "Caroline attended an LGBTQ support group on 2023-05-07 and found the transgender stories inspiring.",
+    "type": "episodic", "time": "2023-05-07", "location": None, "reason": "she wanted support while coming out",
+    "purpose": None, "keywords": ["Caroline", "LGBTQ support group", "transgender stories"],
+}]}
+EXAMPLES = {
+    "extract": DESIGN_EXAMPLE,
+    "parse_query": {"target_types": ["episodic"], "time": "2023-05", "location": None, "keywords": ["support group"], "need_assistant_context": False},
+    "consolidate": {"action": "SUPERSEDE", "memory": DESIGN_EXAMPLE["memories"][0]},
+}
+
+
+@pytest.mark.parametrize("task", TASK_MODELS)
+def test_openai_strict_conversion_is_a_no_op(task):
+    schema = json_schema(task)
+    converted = _ensure_strict_json_schema(copy.deepcopy(schema), path=(), root=copy.deepcopy(schema))
+    assert converted == schema
+
+
+@pytest.mark.parametrize("task", TASK_MODELS)
+def test_schema_is_strict_everywhere(task):
+    def objects(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object":
+                yield node
+            for value in node.values():
+                yield from objects(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from objects(value)
+
+    found = list(objects(json_schema(task)))
+    assert found
+    for obj in found:
+        assert obj["additionalProperties"] is False
+        assert obj["required"] == list(obj["properties"])
+        assert "title" not in obj
+
+
+def test_nullable_fields_are_type_unions():
+    memory = json_schema("extract")["$defs"]["MemoryRecord"]["properties"]
+    for name in ("time", "location", "reason", "purpose"):
+        assert memory[name]["type"] == ["string", "null"]
+    assert memory["type"]["enum"] == ["fact", "episodic", "profile"]
+
+
+@pytest.mark.parametrize("task", TASK_MODELS)
+def test_examples_validate_and_mutations_do_not(task):
+    validator = Draft202012Validator(json_schema(task))
+    example = EXAMPLES[task]
+    assert not list(validator.iter_errors(example))
+    extra = {**example, "confidence": 0.9}
+    assert list(validator.iter_errors(extra))
+    missing = dict(example)
+    missing.pop(next(iter(missing)))
+    assert list(validator.iter_errors(missing))
+
+
+def test_json_schema_returns_independent_copies():
+    json_schema("extract")["properties"].clear()
+    assert "memories" in json_schema("extract")["properties"]
+
+
+def test_response_format_is_strict():
+    fmt = response_format("extract")
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    assert fmt["json_schema"]["schema"] == json_schema("extract")
+
+
+def test_canonical_json_is_compact_and_in_contract_order():
+    shuffled = {"memories": [dict(reversed(list(DESIGN_EXAMPLE["memories"][0].items())))]}
+    text = canonical_json("extract", shuffled)
+    assert " " not in text.split('"content"')[0]  # no whitespace between tokens
+    assert list(json.loads(text)["memories"][0]) == list(DESIGN_EXAMPLE["memories"][0])
+    assert json.loads(text) == DESIGN_EXAMPLE
+
+
+class TestXGrammar:
+    """The schemas compile in xgrammar (vLLM's structured-output backend) and constrain as intended."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def compiler(cls, qwen3_tokenizer):
+        xgr = pytest.importorskip("xgrammar")
+        info = xgr.TokenizerInfo.from_huggingface(qwen3_tokenizer)
+        return xgr.GrammarCompiler(info, max_threads=2)
+
+    @pytest.mark.parametrize("task", TASK_MODELS)
+    def test_compiles_and_accepts_canonical_answers(self, compiler, task):
+        import xgrammar as xgr
+
+        compiled = compiler.compile_json_schema(json.dumps(json_schema(task)))  # vLLM compiles with any_whitespace on
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        assert matcher.accept_string(canonical_json(task, EXAMPLES[task]))
+        assert matcher.is_terminated()
+
+    def test_rejects_what_the_schema_forbids(self, compiler):
+        import xgrammar as xgr
+
+        compiled = compiler.compile_json_schema(json.dumps(json_schema("extract")))  # vLLM compiles with any_whitespace on
+        memory = dict(DESIGN_EXAMPLE["memories"][0])
+        for bad in ({**memory, "type": "opinion"}, {**memory, "time": 2023}):
+            matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+            text = json.dumps({"memories": [bad]}, separators=(",", ":"))
+            assert not matcher.accept_string(text)
