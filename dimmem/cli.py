@@ -69,10 +69,19 @@ def run_windows(args) -> int:
     return 0
 
 
+def _datagen_parser(sub) -> None:
+    from data_gen.cli import add_arguments, run_cli
+
+    p = sub.add_parser("datagen", help="label windows with a teacher model and build the SFT dataset")
+    add_arguments(p)
+    p.set_defaults(run=run_cli)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dimmem", description="DimMem compact memory extractor pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     _windows_parser(sub)
+    _datagen_parser(sub)
     return parser
 
 

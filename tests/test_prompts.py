@@ -19,7 +19,7 @@ def test_prompt_states_exactly_the_rules_its_answers_are_checked_against(task):
 
 
 def test_versions_and_identity():
-    assert set(available()) == set(TASK_MODELS)
+    assert set(available()) == set(TASK_MODELS) | {"repair"}
     prompt = load_prompt("extract")
     assert prompt.id == f"extract/v{prompt.version}" and prompt == load_prompt("extract", prompt.version)
     assert re.fullmatch(r"[0-9a-f]{12}", prompt.sha)

@@ -47,4 +47,6 @@ def _instance(path, index: int, item) -> Conversation:
             turns.append(turn)
     metadata = {key: item[key] for key in ("question_type", "question", "answer", "question_date", "answer_session_ids") if key in item}
     metadata.update(source="longmemeval", evidence_turns=evidence)
+    if "question_date" in item:  # the reference date relative questions resolve against
+        metadata["question_time"] = rec.time(rec.get(item, "question_date", str, "question_date"), "question_date", DATE_FORMATS)
     return Conversation(id=qid, turns=turns, metadata=metadata)

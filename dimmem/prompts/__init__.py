@@ -17,7 +17,6 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from dimmem.records import TASK_MODELS
 
 PROMPT_DIR = Path(__file__).parent
 _FILE = re.compile(r"^(?P<task>\w+)\.v(?P<version>\d+)\.yaml$")
@@ -60,10 +59,10 @@ def available() -> dict[str, list[int]]:
 
 @cache
 def load_prompt(task: str, version: int | None = None) -> PromptTemplate:
-    """A task's template; the newest version unless one is named."""
-    if task not in TASK_MODELS:
-        raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_MODELS)}")
-    versions = available().get(task, [])
+    """A task's template (or the `repair` follow-up); the newest version unless one is named."""
+    versions = available().get(task)
+    if not versions:
+        raise ValueError(f"no prompt for {task!r}; available: {sorted(available())}")
     if version is None and versions:
         version = versions[-1]
     path = PROMPT_DIR / f"{task}.v{version}.yaml"

@@ -1,0 +1,1 @@
+"""Teacher distillation: label dialogue windows with a large model and build the SFT dataset."""

@@ -1,0 +1,60 @@
+"""`dimmem datagen` / `python -m data_gen`: label windows with a teacher and build the SFT dataset."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from data_gen.config import load_config
+from data_gen.teacher import FatalTeacherError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="configs/datagen/NAME.yaml")
+    p.add_argument("--format", help="source format: locomo, longmemeval, chat_jsonl, memorybank, hf_messages, toy")
+    p.add_argument("--input", help="source file (or dataset folder / Hub name for hf_messages)")
+    p.add_argument("--out", help="output folder (cache, dataset, report, card)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    p.add_argument("--model", help="teacher model name")
+    p.add_argument("--teacher", choices=["openai", "oracle"], help="oracle: toy-world ground truth, no LLM")
+    p.add_argument("--concurrency", type=int, help="requests in flight")
+    p.add_argument("--window", type=int)
+    p.add_argument("--overlap", type=int)
+    p.add_argument("--max-tokens", type=int, help="prompt token budget per window")
+    p.add_argument("--tokenizer", help="tokenizer for the budget (default: the target model's)")
+    p.add_argument("--limit", type=int, help="at most this many jobs per task (smoke runs)")
+    p.add_argument("--batch", action="store_true", default=None, help="use the OpenAI Batch API")
+    p.add_argument("--retry-quarantined", action="store_true", default=None, help="send quarantined jobs again")
+    p.add_argument("--push-to-hub", metavar="REPO", help="push dataset and card to this Hub dataset repo")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from data_gen.config import OVERRIDES
+    from data_gen.dataset import push_to_hub
+    from data_gen.run import run
+
+    cfg = load_config(args.config, {flag: getattr(args, flag) for flag in OVERRIDES})
+    try:
+        report = run(cfg, show_progress=not args.quiet)
+    except FatalTeacherError as exc:
+        print(f"dimmem datagen: stopped: {exc} (responses stored so far are kept; re-run to resume)", file=sys.stderr)
+        return 3
+    print(json.dumps(report, indent=2))
+    if args.push_to_hub:
+        from pathlib import Path
+
+        push_to_hub(Path(cfg.out), args.push_to_hub, args.private)
+        print(f"pushed to https://huggingface.co/datasets/{args.push_to_hub}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data_gen", description=__doc__)
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

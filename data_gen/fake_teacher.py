@@ -1,0 +1,161 @@
+"""A local OpenAI-compatible teacher for tests, benchmarks and dry runs: no model, scripted behaviour.
+
+It answers chat completions with a schema-valid answer built from the prompt (extract: one memory from
+the first new turn), after a fixed latency, and can be scripted to misbehave for requests whose user
+message contains a marker: `{"toy-0003": ["429", "500", "ok"]}` makes the 1st such request a 429, the
+2nd a 500 and every later one succeed. Behaviours: ok, 429, 500, timeout, nonjson, schema, overlap,
+truncated. It also implements the Batch API endpoints (files, batches) over the same logic.
+
+    python -m data_gen.fake_teacher --port 8011 --latency 0.05 [--script faults.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+from fastapi import FastAPI, Request, UploadFile
+from fastapi.responses import JSONResponse, Response
+
+_NEW_TURN = re.compile(r"^(t\d+) (\S+): (.+)$", re.MULTILINE)
+
+
+class FakeTeacher:
+    def __init__(self, script: dict[str, list[str]] | None = None, latency: float = 0.0, timeout_sleep: float = 30.0):
+        self.script = script or {}
+        self.latency, self.timeout_sleep = latency, timeout_sleep
+        self.seen: dict[str, int] = defaultdict(int)
+        self.requests = 0
+        self.lock = threading.Lock()
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, dict] = {}
+
+    def behaviour(self, body: dict) -> str:
+        text = body["messages"][1]["content"] if len(body["messages"]) > 1 else ""
+        with self.lock:
+            self.requests += 1
+            for marker, sequence in self.script.items():
+                if marker in text:
+                    n = self.seen[marker]
+                    self.seen[marker] += 1
+                    return sequence[min(n, len(sequence) - 1)]
+        return "ok"
+
+    def respond(self, body: dict, behaviour: str) -> tuple[int, dict, dict]:
+        """(status, headers, JSON body) for one chat-completions request."""
+        if behaviour == "429":
+            return 429, {"retry-after": "0.2"}, {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}
+        if behaviour == "500":
+            return 500, {}, {"error": {"message": "The server had an error", "type": "server_error"}}
+        content, finish = json.dumps(self.answer(body, behaviour)), "stop"
+        if behaviour == "nonjson":
+            content = "Sure! Here are the memories I found in this conversation."
+        elif behaviour == "truncated":
+            content, finish = content[: len(content) // 2], "length"
+        usage = {"prompt_tokens": sum(len(m["content"]) for m in body["messages"]) // 4, "completion_tokens": len(content) // 4}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return 200, {}, {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+                         "model": body.get("model", "fake"), "usage": usage,
+                         "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}]}
+
+    def answer(self, body: dict, behaviour: str) -> dict:
+        name = body.get("response_format", {}).get("json_schema", {}).get("name", "")
+        prompt = body["messages"][1]["content"]
+        if "parse_query" in name or prompt.startswith("Reference date:"):
+            return {"target_types": ["episodic"], "time": None, "location": None, "keywords": ["question"], "need_assistant_context": False}
+        if "consolidate" in name or prompt.startswith("Stored candidate"):
+            return {"action": "KEEP_BOTH", "memory": None}
+        new_part = prompt.split("## New turns", 1)[-1]
+        turns = _NEW_TURN.findall(new_part)
+        if not turns:
+            return {"memories": []}
+        local_id, speaker, text = turns[0]
+        memory = {"source_turns": [local_id], "speaker": speaker, "content": f"{speaker} said: {text}",
+                  "type": "fact", "time": None, "location": None, "reason": None, "purpose": None, "keywords": [speaker]}
+        if behaviour == "schema":
+            del memory["keywords"]
+        elif behaviour == "overlap":
+            memory["source_turns"] = ["t1"]
+        return {"memories": [memory]}
+
+    async def chat(self, body: dict) -> tuple[int, dict, dict]:
+        behaviour = self.behaviour(body)
+        await asyncio.sleep(self.timeout_sleep if behaviour == "timeout" else self.latency)
+        return self.respond(body, behaviour)
+
+    # Batch API: a batch completes as soon as it is created
+    def create_file(self, content: bytes) -> dict:
+        file_id = f"file-{uuid.uuid4().hex[:12]}"
+        self.files[file_id] = content
+        return {"id": file_id, "object": "file", "bytes": len(content), "created_at": int(time.time()),
+                "filename": "input.jsonl", "purpose": "batch", "status": "processed"}
+
+    def create_batch(self, input_file_id: str) -> dict:
+        out, errors = [], []
+        for line in self.files[input_file_id].decode().splitlines():
+            request = json.loads(line)
+            status, _, body = self.respond(request["body"], self.behaviour(request["body"]))
+            row = {"id": f"req-{uuid.uuid4().hex[:8]}", "custom_id": request["custom_id"],
+                   "response": {"status_code": status, "body": body}, "error": None}
+            (out if status == 200 else errors).append(json.dumps(row))
+        batch_id = f"batch-{uuid.uuid4().hex[:12]}"
+        output = self.create_file("\n".join(out).encode())["id"] if out else None
+        error = self.create_file("\n".join(errors).encode())["id"] if errors else None
+        self.batches[batch_id] = {"id": batch_id, "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+                                  "input_file_id": input_file_id, "completion_window": "24h", "status": "completed",
+                                  "output_file_id": output, "error_file_id": error, "created_at": int(time.time()),
+                                  "request_counts": {"total": len(out) + len(errors), "completed": len(out), "failed": len(errors)}}
+        return self.batches[batch_id]
+
+
+def create_app(fake: FakeTeacher) -> FastAPI:
+    app = FastAPI(title="fake OpenAI-compatible teacher")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        status, headers, body = await fake.chat(await request.json())
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.post("/v1/files")
+    async def upload(file: UploadFile):
+        return fake.create_file(await file.read())
+
+    @app.get("/v1/files/{file_id}/content")
+    async def content(file_id: str):
+        return Response(fake.files[file_id], media_type="application/jsonl")
+
+    @app.post("/v1/batches")
+    async def batch(request: Request):
+        return fake.create_batch((await request.json())["input_file_id"])
+
+    @app.get("/v1/batches/{batch_id}")
+    async def get_batch(batch_id: str):
+        return fake.batches[batch_id]
+
+    @app.get("/stats")
+    async def stats():
+        return {"requests": fake.requests}
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each chat completion answers")
+    parser.add_argument("--script", help="JSON file mapping a prompt marker to a list of behaviours")
+    args = parser.parse_args()
+    script = json.load(open(args.script)) if args.script else None
+    uvicorn.run(create_app(FakeTeacher(script, args.latency)), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
