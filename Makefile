@@ -6,7 +6,7 @@ SHARED ?= $(abspath ../shared/data)
 BIN := $(VENV)/bin
 RUNS := runs/demo
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast bench-datagen clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,18 @@ demo: install
 		--tokenizer $(SHARED)/qwen3-tokenizer --out $(RUNS)/windows-locomo-25-5.jsonl
 	$(BIN)/dimmem windows --format locomo --input $(SHARED)/locomo/locomo10.json --window 15 --overlap 3 \
 		--tokenizer $(SHARED)/qwen3-tokenizer --out $(RUNS)/windows-locomo-15-3.jsonl
+	# label a generated toy world with its oracle teacher (no LLM) into the SFT dataset
+	$(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
 
 test: install
 	$(BIN)/python -m pytest -q -m ""
 
 test-fast: install
 	$(BIN)/python -m pytest -q
+
+bench-datagen: install
+	$(BIN)/python -m data_gen.bench --latency 2.0 --concurrency 1,8,64
+	$(BIN)/python -m data_gen.bench --latency 0.5 --concurrency 1,8,64
 
 clean:
 	rm -rf $(VENV) runs

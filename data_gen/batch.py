@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from data_gen.labeler import Labeler
-from data_gen.store import Completion
+from data_gen.teacher import completion_from_body
 
 
 async def submit(labeler: Labeler, folder: Path) -> str:
@@ -51,9 +51,7 @@ async def collect(labeler: Labeler, batch_id: str, folder: Path, poll_seconds: f
             answered.add(key)
             body = response.get("body") or {}
             if response.get("status_code") == 200:
-                choice, usage = body["choices"][0], body.get("usage") or {}
-                completion = Completion(choice["message"].get("content") or "", choice.get("finish_reason"),
-                                        usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+                completion = completion_from_body(body)
                 labeler.store.put(key, job_ids.get(key, ""), labeler.teacher.model, completion)
                 labeler.accounting.add(completion, labeler.price, price_factor)
             else:

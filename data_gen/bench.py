@@ -1,0 +1,110 @@
+"""Labeling throughput against a local OpenAI-compatible server with a fixed latency.
+
+Starts `data_gen.fake_teacher` in its own process, then labels the same toy windows at each concurrency
+with a fresh store (nothing cached) through the real client, validator and store, and prints windows/s
+next to the ideal min(concurrency, windows) / latency.
+
+    python -m data_gen.bench --latency 2.0 --concurrency 1,8,64
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx2
+import psutil
+
+from data_gen.config import DatagenConfig
+from data_gen.jobs import extract_jobs
+from data_gen.labeler import Accounting, Labeler, label_all
+from data_gen.run import load_source
+from data_gen.store import Store
+from data_gen.teacher import OpenAITeacher
+
+
+def start_server(latency: float) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "data_gen.fake_teacher", "--port", str(port), "--latency", str(latency)])
+    for _ in range(300):
+        try:
+            httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=1)
+            return proc, f"http://127.0.0.1:{port}/v1"
+        except httpx2.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("fake teacher did not start")
+
+
+def measure(cfg: DatagenConfig, warmup, jobs, concurrency: int) -> float:
+    """Seconds to label `jobs` at `concurrency`, from an empty store, after `warmup` jobs have opened the
+    client's connections (steady state, as in a long run)."""
+    cfg = cfg.model_copy(update={"teacher": cfg.teacher.model_copy(update={"concurrency": concurrency})})
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "cache.sqlite")
+        labeler = Labeler(OpenAITeacher(cfg.teacher), store, cfg, Accounting())
+
+        async def go():
+            await label_all(labeler, warmup, concurrency)
+            start = time.perf_counter()
+            outcomes = await label_all(labeler, jobs, concurrency)
+            elapsed = time.perf_counter() - start
+            await labeler.teacher.client.close()
+            return outcomes, elapsed
+
+        outcomes, elapsed = asyncio.run(go())
+        store.close()
+    assert all(o.status == "labeled" for o in outcomes), "benchmark windows must all label cleanly"
+    assert labeler.accounting.cache_hits == 0, "benchmark windows must all be distinct requests"
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", type=float, default=2.0, help="server seconds per request (teacher calls take seconds)")
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--rounds", type=int, default=5, help="windows per concurrency slot (windows = rounds x concurrency)")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    proc, base_url = start_server(args.latency)
+    try:
+        cfg = DatagenConfig.model_validate({
+            "source": {"format": "toy", "seed": 0, "conversations": 200, "sessions": 4, "stories_per_session": 4},
+            "out": "unused", "windows": {"window": 8, "overlap": 2, "max_tokens": None},
+            "teacher": {"base_url": base_url, "model": "bench", "timeout": 30},
+        })
+        conversations, _ = load_source(cfg)
+        all_jobs = extract_jobs(conversations, 8, 2, None, None)
+        results = []
+        print(f"latency {args.latency}s per request; each level labels rounds x concurrency fresh windows")
+        print(f"{'concurrency':>11} {'windows':>8} {'seconds':>8} {'windows/s':>10} {'ideal':>8} {'ratio':>6}")
+        server, client = psutil.Process(proc.pid), psutil.Process()
+        for level in levels:
+            warmup, jobs = all_jobs[:level], all_jobs[level: level + args.rounds * level]
+            cpu_before = (sum(server.cpu_times()[:2]), sum(client.cpu_times()[:2]))
+            seconds = measure(cfg, warmup, jobs, level)
+            cpu = [(sum(p.cpu_times()[:2]) - b) * 1000 / (len(jobs) + len(warmup)) for p, b in zip((server, client), cpu_before)]
+            print(f"  cpu ms/request: server {cpu[0]:.1f}, client {cpu[1]:.1f}")
+            rate, ideal = len(jobs) / seconds, min(level, len(jobs)) / args.latency
+            results.append({"concurrency": level, "windows": len(jobs), "seconds": round(seconds, 3),
+                            "windows_per_s": round(rate, 2), "ideal": round(ideal, 2), "ratio": round(rate / ideal, 3)})
+            print(f"{level:>11} {len(jobs):>8} {seconds:>8.2f} {rate:>10.2f} {ideal:>8.2f} {rate / ideal:>6.3f}")
+    finally:
+        proc.terminate()
+        proc.wait()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"latency": args.latency, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
