@@ -23,7 +23,7 @@ def _windows_parser(sub) -> None:
     p.add_argument("--tokenizer", help="tokenizer name or folder (default: the target model's)")
     p.add_argument("--out", help="write one JSON line per window here")
     p.add_argument("--stats-json", help="also write the statistics as JSON here")
-    p.set_defaults(run=run_windows)
+    p.set_defaults(handler=run_windows)
 
 
 def run_windows(args) -> int:
@@ -74,7 +74,27 @@ def _datagen_parser(sub) -> None:
 
     p = sub.add_parser("datagen", help="label windows with a teacher model and build the SFT dataset")
     add_arguments(p)
-    p.set_defaults(run=run_cli)
+    p.set_defaults(handler=run_cli)
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", add_help=False, help="LoRA SFT (TRL): --config configs/train/NAME.yaml [--flag value ...]")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+
+    def run(args):
+        from train.__main__ import main as train_main
+
+        return train_main(args.args)
+
+    p.set_defaults(handler=run)
+
+
+def _export_parser(sub) -> None:
+    from train.export import add_arguments, run_cli
+
+    p = sub.add_parser("export", help="export a run: adapter or merged model, model card, Hub push")
+    add_arguments(p)
+    p.set_defaults(handler=run_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,13 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _windows_parser(sub)
     _datagen_parser(sub)
+    _train_parser(sub)
+    _export_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        return args.handler(args)
     except (ValueError, OSError) as exc:  # bad input: say what and where, no traceback
         print(f"dimmem {args.command}: error: {exc}", file=sys.stderr)
         return 2

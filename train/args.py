@@ -6,7 +6,10 @@ One YAML file holds all three (as in TRL's SFT script); command-line flags overr
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+import torch
 
 from trl import ModelConfig, SFTConfig, TrlParser
 
@@ -27,6 +30,10 @@ class DimmemArguments:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[DimmemArguments, SFTConfig, ModelConfig]:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+        # several processes and no GPU (torchrun on CPU): gloo ranks. Set before SFTConfig picks the
+        # backend, or every rank silently trains alone.
+        os.environ["ACCELERATE_USE_CPU"] = "true"
     parser = TrlParser((DimmemArguments, SFTConfig, ModelConfig))
     dimmem_args, sft_args, model_args = parser.parse_args_and_config(argv)
     if model_args.use_peft and not model_args.lora_target_modules:

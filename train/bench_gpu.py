@@ -106,7 +106,7 @@ def main() -> None:
     for key, value in bench["train_args"].items():
         argv += [key, str(value)]
     if device == "cpu":
-        argv += ["--bf16", "false", "--dtype", "float32", "--gradient_checkpointing", "false"]
+        argv += ["--bf16", "false", "--dtype", "float32", "--activation_checkpointing", "false"]
     timer = StepTimer()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -129,9 +129,9 @@ def main() -> None:
         "model_tflops_per_token": round(flops_per_token / 1e12, 6),
         "mfu": round(tokens_per_s * flops_per_token / (bench["peak_tflops"] * 1e12), 4),
         # hardware utilization also counts the forward pass activation checkpointing repeats
-        "hfu": round(tokens_per_s * (flops_per_token + (2 * n_linear + attn / 3) * sft_args.gradient_checkpointing)
+        "hfu": round(tokens_per_s * (flops_per_token + (2 * n_linear + attn / 3) * sft_args.activation_checkpointing)
                      / (bench["peak_tflops"] * 1e12), 4),
-        "activation_checkpointing": sft_args.gradient_checkpointing,
+        "activation_checkpointing": sft_args.activation_checkpointing,
         "setup_s": round(setup_s, 1), "train_args": bench["train_args"],
         "torch": torch.__version__,
     }

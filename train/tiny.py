@@ -18,7 +18,7 @@ from dimmem.tokens import load_tokenizer
 def build_tiny_base(out: str | Path, dataset_path: str | Path, tokenizer: str, seed: int = 0, vocab_size: int = 1000,
                     hidden_size: int = 256, num_hidden_layers: int = 4, num_attention_heads: int = 4,
                     num_key_value_heads: int = 2, head_dim: int = 64, intermediate_size: int = 768,
-                    max_position_embeddings: int = 4096) -> Path:
+                    max_position_embeddings: int = 4096, tie_word_embeddings: bool = False) -> Path:
     """Write a `save_pretrained` folder (random weights + retrained tokenizer) and return its path."""
     out = Path(out)
     base = load_tokenizer(tokenizer)
@@ -32,7 +32,7 @@ def build_tiny_base(out: str | Path, dataset_path: str | Path, tokenizer: str, s
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads, head_dim=head_dim, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        tie_word_embeddings=tie_word_embeddings, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.pad_token_id,
     )
     model = Qwen3ForCausalLM(config)
