@@ -26,6 +26,9 @@ demo: install
 		--tokenizer $(SHARED)/qwen3-tokenizer --out $(RUNS)/windows-locomo-15-3.jsonl
 	# label a generated toy world with its oracle teacher (no LLM) into the SFT dataset
 	$(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
+	# LoRA SFT of a tiny random Qwen3 on that dataset (CPU), then merge and export it
+	$(BIN)/dimmem train --config configs/train/tiny.yaml
+	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge
 
 test: install
 	$(BIN)/python -m pytest -q -m ""

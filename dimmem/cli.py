@@ -78,15 +78,8 @@ def _datagen_parser(sub) -> None:
 
 
 def _train_parser(sub) -> None:
-    p = sub.add_parser("train", add_help=False, help="LoRA SFT (TRL): --config configs/train/NAME.yaml [--flag value ...]")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-
-    def run(args):
-        from train.__main__ import main as train_main
-
-        return train_main(args.args)
-
-    p.set_defaults(handler=run)
+    # Listed for --help only: `main` hands `dimmem train ...` to TRL's own parser (python -m train).
+    sub.add_parser("train", help="LoRA SFT (TRL): --config configs/train/NAME.yaml [--any_sft_field value ...]")
 
 
 def _export_parser(sub) -> None:
@@ -108,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        from train.__main__ import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
