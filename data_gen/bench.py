@@ -11,37 +11,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx2
 import psutil
 
 from data_gen.config import DatagenConfig
+from data_gen.fake_teacher import FakeTeacherProcess
 from data_gen.jobs import extract_jobs
 from data_gen.labeler import Accounting, Labeler, label_all
 from data_gen.run import load_source
 from data_gen.store import Store
 from data_gen.teacher import OpenAITeacher
-
-
-def start_server(latency: float) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "data_gen.fake_teacher", "--port", str(port), "--latency", str(latency)])
-    for _ in range(300):
-        try:
-            httpx2.get(f"http://127.0.0.1:{port}/stats", timeout=1)
-            return proc, f"http://127.0.0.1:{port}/v1"
-        except httpx2.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("fake teacher did not start")
 
 
 def measure(cfg: DatagenConfig, warmup, jobs, concurrency: int) -> float:
@@ -76,7 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    proc, base_url = start_server(args.latency)
+    server = FakeTeacherProcess(args.latency)
+    base_url = server.base_url
     try:
         cfg = DatagenConfig.model_validate({
             "source": {"format": "toy", "seed": 0, "conversations": 200, "sessions": 4, "stories_per_session": 4},
@@ -88,20 +71,19 @@ def main() -> None:
         results = []
         print(f"latency {args.latency}s per request; each level labels rounds x concurrency fresh windows")
         print(f"{'concurrency':>11} {'windows':>8} {'seconds':>8} {'windows/s':>10} {'ideal':>8} {'ratio':>6}")
-        server, client = psutil.Process(proc.pid), psutil.Process()
+        server_cpu, client_cpu = psutil.Process(server.proc.pid), psutil.Process()
         for level in levels:
             warmup, jobs = all_jobs[:level], all_jobs[level: level + args.rounds * level]
-            cpu_before = (sum(server.cpu_times()[:2]), sum(client.cpu_times()[:2]))
+            cpu_before = (sum(server_cpu.cpu_times()[:2]), sum(client_cpu.cpu_times()[:2]))
             seconds = measure(cfg, warmup, jobs, level)
-            cpu = [(sum(p.cpu_times()[:2]) - b) * 1000 / (len(jobs) + len(warmup)) for p, b in zip((server, client), cpu_before)]
+            cpu = [(sum(p.cpu_times()[:2]) - b) * 1000 / (len(jobs) + len(warmup)) for p, b in zip((server_cpu, client_cpu), cpu_before)]
             print(f"  cpu ms/request: server {cpu[0]:.1f}, client {cpu[1]:.1f}")
             rate, ideal = len(jobs) / seconds, min(level, len(jobs)) / args.latency
             results.append({"concurrency": level, "windows": len(jobs), "seconds": round(seconds, 3),
                             "windows_per_s": round(rate, 2), "ideal": round(ideal, 2), "ratio": round(rate / ideal, 3)})
             print(f"{level:>11} {len(jobs):>8} {seconds:>8.2f} {rate:>10.2f} {ideal:>8.2f} {rate / ideal:>6.3f}")
     finally:
-        proc.terminate()
-        proc.wait()
+        server.stop()
     if args.json:
         Path(args.json).write_text(json.dumps({"latency": args.latency, "results": results}, indent=2) + "\n")
 

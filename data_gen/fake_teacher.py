@@ -14,10 +14,15 @@ import argparse
 import asyncio
 import json
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
+
+import httpx2
 
 from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
@@ -142,6 +147,40 @@ def create_app(fake: FakeTeacher) -> FastAPI:
         return {"requests": fake.requests}
 
     return app
+
+
+class FakeTeacherProcess:
+    """This server in its own process on a free loopback port (for tests and the benchmark)."""
+
+    def __init__(self, latency: float = 0.0, script_path: str | None = None, start_timeout: float = 30.0):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "data_gen.fake_teacher", "--port", str(self.port), "--latency", str(latency)]
+        self.proc = subprocess.Popen(cmd + (["--script", str(script_path)] if script_path else []))
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                self.requests()
+                return
+            except httpx2.HTTPError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("fake teacher server did not start") from None
+                time.sleep(0.1)
+
+    def requests(self) -> int:
+        """Chat completions the server has received so far."""
+        return httpx2.get(f"http://127.0.0.1:{self.port}/stats", timeout=2).json()["requests"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # a scripted "timeout" request is still asleep
+            self.proc.kill()
+            self.proc.wait()
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dimmem.conversation import Conversation
-from dimmem.records import MemoryRecord
 from dimmem.prompts import PromptTemplate, consolidate_messages, extract_messages, load_prompt, parse_query_messages
+from dimmem.records import MemoryRecord
 from dimmem.validate import TurnScope
 from dimmem.windows import Window, check_partition, make_windows
 

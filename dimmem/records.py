@@ -9,7 +9,6 @@ Rules a schema cannot express live in `dimmem.validate`.
 from __future__ import annotations
 
 import copy
-import json
 from functools import cache
 from typing import Any, Literal
 
@@ -116,7 +115,3 @@ def response_format(task: str) -> dict:
 def canonical_json(task: str, value: dict) -> str:
     """Compact JSON with keys in contract order: the exact text a model is trained to emit."""
     return _task_model(task).model_validate(value).model_dump_json()
-
-
-def schema_json(task: str) -> str:
-    return json.dumps(json_schema(task), indent=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import httpx2
 
 from data_gen.config import DatagenConfig
-from data_gen.fake_teacher import FakeTeacher
+from data_gen.fake_teacher import FakeTeacher, FakeTeacherProcess
 from data_gen.jobs import extract_jobs
 from data_gen.run import load_source
 
@@ -46,48 +46,14 @@ def window_marker(cfg: DatagenConfig, conversation: int = 0, window: int = 1) ->
     return f"{w.local_ids[len(w.context)]} {w.new[0].speaker}: {w.new[0].text}"
 
 
-class FakeServer:
-    """`python -m data_gen.fake_teacher` as a separate process on a free loopback port."""
+class FakeServer(FakeTeacherProcess):
+    """The fake teacher in its own process, scripted through a file in the test's folder."""
 
     def __init__(self, tmp_path, latency: float = 0.0, script: dict | None = None):
         import json
-        import socket
-        import subprocess
-        import sys
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "data_gen.fake_teacher", "--port", str(self.port), "--latency", str(latency)]
+        path = None
         if script:
             path = tmp_path / "script.json"
             path.write_text(json.dumps(script))
-            cmd += ["--script", str(path)]
-        self.proc = subprocess.Popen(cmd)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.wait_ready()
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        import time
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                self.requests()
-                return
-            except httpx2.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("fake teacher server did not start")
-
-    def requests(self) -> int:
-        return httpx2.get(f"http://127.0.0.1:{self.port}/stats", timeout=2).json()["requests"]
-
-    def stop(self) -> None:
-        import subprocess
-
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # a scripted "timeout" request is still asleep
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(latency, path)

@@ -73,3 +73,24 @@ def test_hf_messages_source(tmp_path):
     cfg = DatagenConfig.model_validate({"source": {"format": "hf_messages", "input": str(tmp_path / "src")}, "out": "x"})
     [loaded], world = load_source(cfg)
     assert world is None and loaded.id == "h1" and loaded.turns[0].text == "I adopted a cat yesterday."
+
+
+def test_push_to_hub_sends_dataset_and_card(tmp_path, monkeypatch):
+    from datasets import DatasetDict
+    from huggingface_hub import DatasetCard
+
+    from data_gen.dataset import push_to_hub
+
+    cfg = DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 4}, "out": str(tmp_path),
+                                        "windows": {"window": 12, "overlap": 3, "max_tokens": None},
+                                        "teacher": {"kind": "oracle"}})
+    run(cfg, show_progress=False)
+    pushed = {}
+    monkeypatch.setattr(DatasetDict, "push_to_hub", lambda self, repo, private: pushed.update(
+        repo=repo, private=private, splits={k: len(v) for k, v in self.items()}))
+    monkeypatch.setattr(DatasetCard, "push_to_hub", lambda self, repo, repo_type: pushed.update(
+        card_repo=repo, repo_type=repo_type, card=str(self)))
+    push_to_hub(tmp_path, "me/dimmem-toy", private=True)
+    assert pushed["repo"] == pushed["card_repo"] == "me/dimmem-toy" and pushed["private"] is True
+    assert pushed["repo_type"] == "dataset" and sum(pushed["splits"].values()) > 0
+    assert "# DimMem SFT dataset" in pushed["card"] and "toy-oracle" in pushed["card"]
