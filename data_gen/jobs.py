@@ -8,7 +8,7 @@ from dimmem.conversation import Conversation
 from dimmem.prompts import PromptTemplate, consolidate_messages, extract_messages, load_prompt, parse_query_messages
 from dimmem.records import MemoryRecord
 from dimmem.validate import TurnScope
-from dimmem.windows import Window, check_partition, make_windows
+from dimmem.windows import Window, window_conversations
 
 
 @dataclass
@@ -24,18 +24,16 @@ class Job:
 
 
 def extract_jobs(conversations: list[Conversation], window: int, overlap: int, max_tokens: int | None,
-                 count_tokens: Callable[[list[dict]], int] | None, limit: int | None = None) -> list[Job]:
+                 count_tokens: Callable[[Window], int] | None, limit: int | None = None) -> list[Job]:
     prompt = load_prompt("extract")
-    jobs: list[Job] = []
-    for conv in conversations:
-        counter = (lambda w: count_tokens(extract_messages(w, prompt))) if count_tokens else None
-        windows = make_windows(conv, window, overlap, max_tokens, counter)
-        check_partition(conv, windows)
-        for w in windows:
-            if limit is not None and len(jobs) >= limit:
-                return jobs
-            jobs.append(Job("extract", w.id, conv.id, extract_messages(w, prompt), prompt, scope=w.scope, window=w))
-    return jobs
+    windows: list[Window] = []
+    for conv in conversations:  # one at a time, so a --limit smoke run windows (and tokenizes) only what it needs
+        if limit is not None and len(windows) >= limit:
+            break
+        windows += window_conversations([conv], window, overlap, max_tokens, count_tokens)
+    windows = windows[:limit]
+    return [Job("extract", w.id, w.conversation_id, extract_messages(w, prompt), prompt, scope=w.scope, window=w)
+            for w in windows]
 
 
 def questions_of(conv: Conversation) -> list[tuple[str, str, str | None]]:

@@ -97,10 +97,10 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
     teacher = make_teacher(cfg, world, http_client)
     count_tokens = None
     if cfg.windows.max_tokens:
-        from dimmem.tokens import count_prompt_tokens, load_tokenizer
+        from dimmem.prompts import extract_prompt_counter
+        from dimmem.tokens import load_tokenizer
 
-        tokenizer = load_tokenizer(cfg.windows.tokenizer)
-        count_tokens = lambda messages: count_prompt_tokens(tokenizer, messages)  # noqa: E731
+        count_tokens = extract_prompt_counter(load_tokenizer(cfg.windows.tokenizer))
     store = Store(out / "cache.sqlite")
     accounting = Accounting()
     labeler = Labeler(teacher, store, cfg, accounting, cfg.prices.get(teacher.model))

@@ -28,10 +28,10 @@ def _windows_parser(sub) -> None:
 
 def run_windows(args) -> int:
     from dimmem.loaders import load_conversations
-    from dimmem.prompts import extract_messages, load_prompt
-    from dimmem.tokens import count_prompt_tokens, load_tokenizer
+    from dimmem.prompts import extract_prompt_counter, load_prompt
+    from dimmem.tokens import load_tokenizer
     from dimmem.window_stats import format_stats, window_stats
-    from dimmem.windows import check_partition, make_windows
+    from dimmem.windows import window_conversations
 
     config = yaml.safe_load(Path(args.config).read_text())
     preset = config["formats"].get(args.format, {})
@@ -44,11 +44,8 @@ def run_windows(args) -> int:
     conversations = load_conversations(args.format, args.input)  # bad input fails before the slow tokenizer load
     tokenizer = load_tokenizer(args.tokenizer or config["tokenizer"])
     template = load_prompt("extract")
-    windows = []
-    for conv in tqdm(conversations, desc="windowing", unit="conv", disable=None):
-        conv_windows = make_windows(conv, window, overlap, budget, lambda w: count_prompt_tokens(tokenizer, extract_messages(w, template)))
-        check_partition(conv, conv_windows)
-        windows += conv_windows
+    windows = window_conversations(tqdm(conversations, desc="windowing", unit="conv", disable=None), window, overlap,
+                                   budget, extract_prompt_counter(tokenizer, template))
 
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

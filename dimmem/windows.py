@@ -119,6 +119,17 @@ def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
     return low
 
 
+def window_conversations(conversations: list[Conversation], window: int, overlap: int, max_tokens: int | None = None,
+                         count_tokens: Callable[[Window], int] | None = None) -> list[Window]:
+    """Every conversation's windows, in order, each conversation's partition checked."""
+    windows: list[Window] = []
+    for conv in conversations:
+        conv_windows = make_windows(conv, window, overlap, max_tokens, count_tokens)
+        check_partition(conv, conv_windows)
+        windows += conv_windows
+    return windows
+
+
 def check_partition(conversation: Conversation, windows: list[Window]) -> None:
     """Raise ValueError unless the windows' new parts partition the conversation in order, and each
     window's context is exactly the turns just before its new part (none for the first window)."""

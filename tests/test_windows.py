@@ -5,8 +5,7 @@ import pytest
 
 from conftest import make_conversation
 from dimmem.loaders import load_conversations
-from dimmem.prompts import extract_messages
-from dimmem.tokens import count_prompt_tokens
+from dimmem.prompts import extract_prompt_counter
 from dimmem.windows import check_partition, make_windows
 
 
@@ -90,9 +89,7 @@ def test_check_partition_catches_a_lost_turn():
 @pytest.mark.slow
 @pytest.mark.parametrize("w,o,budget", [(25, 5, 4096), (15, 3, 4096), (25, 5, 1536)])
 def test_all_locomo_conversations_with_the_real_tokenizer(locomo_path, qwen3_tokenizer, w, o, budget):
-    def count(win):
-        return count_prompt_tokens(qwen3_tokenizer, extract_messages(win))
-
+    count = extract_prompt_counter(qwen3_tokenizer)
     for conv in load_conversations("locomo", locomo_path):
         windows = make_windows(conv, w, o, max_tokens=budget, count_tokens=count)
         check_partition(conv, windows)

@@ -101,6 +101,14 @@ def extract_messages(window, template: PromptTemplate | None = None) -> list[dic
                            context=blocks(rows[:n_context]), new=blocks(rows[n_context:]))
 
 
+def extract_prompt_counter(tokenizer, template: PromptTemplate | None = None):
+    """count_tokens for windowing: tokens of a window's rendered extract prompt with the target tokenizer."""
+    from dimmem.tokens import count_prompt_tokens
+
+    template = template or load_prompt("extract")
+    return lambda window: count_prompt_tokens(tokenizer, extract_messages(window, template))
+
+
 def parse_query_messages(question: str, reference_date: str | None, speakers: list[str] | None = None,
                          template: PromptTemplate | None = None) -> list[dict]:
     template = template or load_prompt("parse_query")
