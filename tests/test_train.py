@@ -262,3 +262,11 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
     assert branch["branch"] == "v1"
     assert upload["repo_id"] == "me/dimmem-tiny" and upload["revision"] == "v1"
     assert "adapter_model.safetensors" in upload["files"] and "README.md" in upload["files"]
+
+
+def test_bad_dataset_path_exits_2_with_a_message(tmp_path, capsys):
+    from train.__main__ import main
+
+    code = main(["--config", str(CONFIG_DIR / "train" / "tiny.yaml"), "--dataset_path", str(tmp_path / "nope"),
+                 "--model_name_or_path", str(tmp_path / "base"), "--output_dir", str(tmp_path / "run")])
+    assert code == 2 and "not a datagen output" in capsys.readouterr().err

@@ -2,11 +2,16 @@
 import sys
 
 from train.args import parse_args
-from train.sft import train
+from train.data import DatasetFormatError
+from train.sft import TrainConfigError, train
 
 
 def main(argv: list[str] | None = None) -> int:
-    train(*parse_args(argv))
+    try:
+        train(*parse_args(argv))
+    except (DatasetFormatError, TrainConfigError) as exc:  # bad data or settings: say what, no traceback
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -19,10 +19,14 @@ PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "kernels-community/
 RUN_CONFIG = "dimmem_train.json"
 
 
+class TrainConfigError(ValueError):
+    """A setting that cannot work, found before any compute is spent."""
+
+
 def check_packing(sft_args: SFTConfig, model_args: ModelConfig) -> None:
     """Packed rows must not attend to each other: that needs a varlen (flash) attention kernel."""
     if sft_args.packing and (model_args.attn_implementation or "") not in PACKING_KERNELS:
-        raise ValueError(
+        raise TrainConfigError(
             f"packing: true needs an attention kernel that keeps packed rows apart ({', '.join(PACKING_KERNELS[:2])}); "
             f"attn_implementation is {model_args.attn_implementation!r}. Set packing: false (rows are then padded per "
             "batch), or attn_implementation: flash_attention_2 on a GPU with flash-attn installed.")
@@ -52,7 +56,7 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         train_set = prepare_split(train_rows, tokenizer, sft_args.max_length, dimmem_args.drop_overlong, "train")
         eval_set = prepare_split(eval_rows, tokenizer, sft_args.max_length, dimmem_args.drop_overlong, "validation") if eval_rows else None
     if not len(train_set):
-        raise ValueError(f"{dimmem_args.dataset_path}: no training rows after task mixing {dimmem_args.task_weights}")
+        raise TrainConfigError(f"{dimmem_args.dataset_path}: no training rows after task mixing {dimmem_args.task_weights}")
     if not eval_set or not len(eval_set):
         eval_set, sft_args.eval_strategy = None, "no"
     if state.is_main_process:
