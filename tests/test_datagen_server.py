@@ -72,11 +72,13 @@ def test_sigkill_mid_run_resends_nothing_stored_and_ends_identical(tmp_path, ser
                                                                 "concurrency": 1, "timeout": 1.0})
     victim = datagen(config)
     out_dir = tmp_path / "out"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and stored(out_dir) < 15:
-        time.sleep(0.05)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and stored(out_dir) < 15:
+            time.sleep(0.05)
+    finally:  # never leave the victim running, whatever happened above
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
     kept = stored(out_dir)
     assert 15 <= kept < reference["requests_sent"]
 
