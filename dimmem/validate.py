@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import date
 from functools import cache
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
 from dimmem.records import json_schema
+from dimmem.timespan import parse_span
 
 RULES: dict[str, str] = {
     "json": "the answer is one JSON object and nothing else",
@@ -40,7 +40,6 @@ TASK_RULES: dict[str, tuple[str, ...]] = {
     "consolidate": ("json", "schema", "action_memory", *_MEMORY_RULES),
 }
 
-_PARTIAL_DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?$")
 _FENCE = re.compile(r"^```(?:json)?\s*\n(.*)\n```$", re.DOTALL)
 
 
@@ -174,22 +173,10 @@ def _time_issues(value: Any, index: int | None) -> list[Issue]:
 
 def time_problem(value: str) -> str | None:
     """Why `value` is not a normalized ISO 8601 time, or None when it is one."""
-    parts = value.split("/")
-    if len(parts) > 2:
-        return f"{value!r} has more than one '/'"
-    bounds = []
-    for part in parts:
-        match = _PARTIAL_DATE.match(part)
-        if not match:
-            return f"{value!r} is not YYYY-MM-DD, YYYY-MM, YYYY or an interval start/end of those"
-        year, month, day = (int(g) if g else None for g in match.groups())
-        try:
-            date(year, month or 1, day or 1)
-        except ValueError as exc:
-            return f"{value!r} is not a calendar date ({exc})"
-        bounds.append((year, month or 1, day or 1))
-    if len(bounds) == 2 and bounds[0] > bounds[1]:
-        return f"interval {value!r} starts after it ends"
+    try:
+        parse_span(value)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

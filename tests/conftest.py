@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dimmem.conversation import Conversation, Turn
 from dimmem.paths import shared_data
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub: everything they load is local
 
 
 @pytest.fixture(scope="session")

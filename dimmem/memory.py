@@ -1,0 +1,170 @@
+"""`Memory`: the memory runtime's Python API, scoped by user, as memory libraries expose it.
+
+    memory = Memory("memories.sqlite")
+    memory.add_records(records, user_id="ann", conversation=conversation)   # records in global form
+    result = memory.search("When did Ann go hiking?", user_id="ann", k=5)
+    memory.get(id, user_id=...), memory.update(...), memory.delete(...), memory.history(...)
+
+Each new record meets only the stored records of its type that share a keyword (an index lookup), is
+compared by embedding with those alone, and is consolidated with the closest one when similar enough:
+MERGE, SUPERSEDE or KEEP_BOTH, decided by a model (`consolidator`) or by rules. Replaced and merged
+versions stay in the history.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dimmem.conversation import Conversation
+from dimmem.embed import Embedder
+from dimmem.query import parse_query_rules
+from dimmem.records import MemoryRecord
+from dimmem.retrieval import Hit, dense_path, dimension_path, fuse
+from dimmem.store import MemoryStore
+from dimmem.validate import memory_issues
+
+MEMORY_FIELDS = tuple(MemoryRecord.model_fields)
+
+
+def consolidate_rules(new: dict, candidate: dict, similarity: float) -> dict:
+    """The rule fallback for consolidation (a `consolidate` answer)."""
+    if new["type"] in ("fact", "profile"):  # stable knowledge and traits change: the newer statement holds
+        return {"action": "SUPERSEDE", "memory": {k: new[k] for k in MEMORY_FIELDS}}
+    if new.get("time") == candidate.get("time"):  # the same event told twice: keep one, richer record
+        merged = {k: candidate[k] if candidate.get(k) is not None else new.get(k) for k in MEMORY_FIELDS}
+        merged["content"] = max((new["content"], candidate["content"]), key=len)
+        merged["keywords"] = list(dict.fromkeys(candidate["keywords"] + new["keywords"]))
+        merged["source_turns"] = list(dict.fromkeys(candidate["source_turns"] + new["source_turns"]))
+        return {"action": "MERGE", "memory": merged}
+    return {"action": "KEEP_BOTH", "memory": None}
+
+
+@dataclass
+class SearchResult:
+    query: dict  # the parsed query (parse_query answer)
+    hits: list[Hit]
+    assistant_context: list[dict] = field(default_factory=list)
+
+
+class Memory:
+    def __init__(self, path: str | Path = ":memory:", embedder: Embedder | None = None,
+                 query_parser: Callable[[str, str | None], dict] | None = None,
+                 consolidator: Callable[[dict, dict, float], dict] | None = None,
+                 similarity_threshold: float = 0.6, depth: int = 50):
+        self.store = MemoryStore(path)
+        self.embedder = embedder or Embedder()
+        self.query_parser = query_parser or parse_query_rules
+        self.consolidator = consolidator or consolidate_rules
+        self.threshold, self.depth = similarity_threshold, depth
+        self.stats: Counter = Counter()
+
+    # --- writes -------------------------------------------------------------------------------------
+    def add_records(self, records: list[dict], user_id: str, conversation: Conversation | None = None) -> list[dict]:
+        """Store extracted records (source turns as conversation turn ids), consolidating each with its
+        closest stored candidate. Returns one event per record: {"id", "action", "target"}."""
+        for i, record in enumerate(records):
+            if issues := memory_issues(record, i, None):
+                raise ValueError("invalid record: " + "; ".join(map(str, issues)))
+        if conversation is not None:
+            with self.store.transaction():
+                self.store.put_turns(user_id, conversation.id, conversation.turns)
+        vectors = self.embedder.encode([r["content"] for r in records])
+        return [self._add_one(user_id, record, vector) for record, vector in zip(records, vectors)]
+
+    def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
+        record = {**record, "id": record.get("id") or _new_id(user_id, record)}
+        names = {record["speaker"].casefold()}
+        keys = [k for k in record["keywords"] if k.casefold() not in names]
+        candidates = self.store.candidates(user_id, record["type"], keys)
+        self.stats["embedding_comparisons"] += len(candidates)
+        self.stats["baseline_comparisons"] += self.store.count(user_id)  # what comparing with everything would cost
+        best, similarity = None, 0.0
+        if candidates:
+            ids, matrix = self.store.vectors(user_id, candidates)
+            scores = matrix @ vector
+            best, similarity = ids[int(np.argmax(scores))], float(np.max(scores))
+        decision = {"action": "KEEP_BOTH", "memory": None}
+        if best is not None and similarity >= self.threshold:
+            decision = self.consolidator(record, self.store.get(user_id, best), similarity)
+        self.stats[decision["action"]] += 1
+        with self.store.transaction():  # the record and its consolidation land together or not at all
+            if decision["action"] == "MERGE":
+                self.store.insert(user_id, record, vector)
+                self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
+                merged = decision["memory"]
+                self.store.revise(user_id, best, merged, self.embedder.encode([merged["content"]])[0], f"MERGE {record['id']}")
+            elif decision["action"] == "SUPERSEDE":
+                self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
+                self.store.insert(user_id, {**record, **decision["memory"]}, vector)
+            else:
+                self.store.insert(user_id, record, vector)
+        return {"id": record["id"], "action": decision["action"], "target": best if decision["action"] != "KEEP_BOTH" else None}
+
+    def update(self, record_id: str, user_id: str, **fields) -> dict:
+        unknown = set(fields) - set(MEMORY_FIELDS)
+        if unknown:
+            raise ValueError(f"cannot update {sorted(unknown)}; fields are {list(MEMORY_FIELDS)}")
+        current = self.get(record_id, user_id)
+        if current is None:
+            raise KeyError(f"no record {record_id!r} for user {user_id!r}")
+        if issues := memory_issues({**current, **fields}, None, None):
+            raise ValueError("invalid update: " + "; ".join(map(str, issues)))
+        vector = self.embedder.encode([fields.get("content", current["content"])])[0]
+        with self.store.transaction():
+            self.store.revise(user_id, record_id, fields, vector, "UPDATE")
+        return self.get(record_id, user_id)
+
+    def delete(self, record_id: str, user_id: str) -> None:
+        with self.store.transaction():
+            self.store.set_status(user_id, record_id, "deleted", "DELETE")
+
+    # --- reads --------------------------------------------------------------------------------------
+    def get(self, record_id: str, user_id: str) -> dict | None:
+        return self.store.get(user_id, record_id)
+
+    def history(self, record_id: str, user_id: str) -> list[dict]:
+        return self.store.history(user_id, record_id)
+
+    def search(self, query: str, user_id: str, k: int = 10, reference_date: str | None = None,
+               parsed: dict | None = None) -> SearchResult:
+        parsed = parsed or self.query_parser(query, reference_date)
+        paths = {
+            "bm25": self.store.lexical(user_id, query, self.depth),
+            "dense": dense_path(self.store, user_id, self.embedder.encode([query])[0], self.depth),
+            "dimension": dimension_path(self.store, user_id, parsed, self.depth),
+        }
+        hits = fuse(self.store, user_id, paths, parsed, k)
+        self.stats["searches"] += 1
+        context = []
+        if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
+            self.stats["assistant_recalls"] += 1
+            for hit in hits:
+                if hit.record.get("conversation_id"):
+                    context += self.store.assistant_replies(user_id, hit.record["conversation_id"], hit.record["source_turns"])
+        return SearchResult(parsed, hits, context)
+
+    # --- export / import ----------------------------------------------------------------------------
+    def export_jsonl(self, user_id: str, path: str | Path) -> int:
+        records = self.store.records(user_id, status=None)
+        with open(path, "w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps({**record, "history": self.history(record["id"], user_id)}, ensure_ascii=False) + "\n")
+        return len(records)
+
+    def import_jsonl(self, user_id: str, path: str | Path) -> int:
+        """Re-add the active records of an export (for this user), through the normal update path."""
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        active = [{k: r[k] for k in (*MEMORY_FIELDS, "id", "conversation_id", "window_id", "session_time")} for r in rows
+                  if r["status"] == "active"]
+        return len(self.add_records(active, user_id))
+
+
+def _new_id(user_id: str, record: dict) -> str:
+    import hashlib
+
+    return "m-" + hashlib.sha256(json.dumps([user_id, record], sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

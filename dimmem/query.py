@@ -1,0 +1,62 @@
+"""Rule-based query parsing, the fallback when no model parses queries: time expressions resolved
+against a reference date, memory types and assistant recall from cue words, keywords from content words."""
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, timedelta
+
+from dimmem.records import MEMORY_TYPES
+
+MONTHS = {m: i for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
+                                       "september", "october", "november", "december"], start=1)}
+STOPWORDS = set("""a an the and or of to in on at for with by from about into over after before during is are was were be
+been being do does did done have has had i you he she it we they me him her us them my your his its our their what when
+where which who whom why how that this these those there here any some much many did not no yes can could would should
+will shall may might must tell remember know said say says just also than then so as if up out happened last week
+month year ago""".split())
+ASSISTANT_CUES = ("you said", "you told", "you recommended", "you suggested", "you mentioned", "did you", "your answer",
+                  "you gave", "you recommend", "you suggest", "remind me what you")
+PROFILE_CUES = ("like", "likes", "love", "loves", "prefer", "prefers", "favorite", "favourite", "enjoy", "enjoys", "hate",
+                "allergic", "personality", "hobby", "hobbies")
+EPISODIC_CUES = ("when", "did", "went", "happened", "visit", "visited", "last", "yesterday", "ago", "trip", "event")
+
+
+def _month_span(year: int, month: int) -> str:
+    return f"{year:04d}-{month:02d}"
+
+
+def parse_time(question: str, reference: date) -> str | None:
+    """The time a question is about, as the record time format, or None."""
+    text = question.lower()
+    if m := re.search(r"\b(\d{4}-\d{2}(?:-\d{2})?)\b", text):
+        return m.group(1)
+    if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})\b", text):
+        return f"{int(m.group(3)):04d}-{MONTHS[m.group(1)]:02d}-{int(m.group(2)):02d}"
+    if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{4})\b", text):
+        return _month_span(int(m.group(2)), MONTHS[m.group(1)])
+    if "yesterday" in text:
+        return (reference - timedelta(days=1)).isoformat()
+    if "last week" in text:
+        monday = reference - timedelta(days=reference.weekday() + 7)
+        return f"{monday.isoformat()}/{(monday + timedelta(days=6)).isoformat()}"
+    if "last month" in text:
+        last = reference.replace(day=1) - timedelta(days=1)
+        return _month_span(last.year, last.month)
+    if "last year" in text:
+        return f"{reference.year - 1:04d}"
+    if m := re.search(r"\bin\s+(\d{4})\b", text):
+        return m.group(1)
+    return None
+
+
+def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
+    """A `parse_query` answer (records.QueryParse) built by rules."""
+    reference = datetime.fromisoformat(reference_date).date() if reference_date else date.today()
+    lowered = question.lower()
+    words = re.findall(r"[A-Za-z][A-Za-z'\-]+", question)
+    types = [t for t, cues in (("profile", PROFILE_CUES), ("episodic", EPISODIC_CUES)) if any(re.search(rf"\b{c}\b", lowered) for c in cues)]
+    keywords = list(dict.fromkeys(w.rstrip("'s") if w.endswith("'s") else w for w in words
+                                  if w.lower() not in STOPWORDS and w.lower() not in MONTHS and len(w) > 2))
+    return {"target_types": types or list(MEMORY_TYPES), "time": parse_time(question, reference), "location": None,
+            "keywords": keywords or [question.strip()[:40] or "memory"],
+            "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES)}

@@ -1,0 +1,76 @@
+"""Tri-path retrieval: BM25 (FTS5), dense (MiniLM cosine) and dimension match (type, time overlap,
+location, keywords), fused by reciprocal rank fusion. A query that states a time ranks records whose
+time overlaps it above records dated elsewhere; each hit keeps its rank and score on every path."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dimmem.store import MemoryStore
+from dimmem.timespan import overlaps, parse_span
+
+RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
+
+
+@dataclass
+class Hit:
+    record: dict
+    score: float
+    paths: dict[str, dict] = field(default_factory=dict)  # path -> {"rank": r, "score": s}
+
+
+def dense_path(store: MemoryStore, user_id: str, query_vector: np.ndarray, depth: int) -> list[tuple[str, float]]:
+    """Exact cosine search over the user's vectors."""
+    ids, matrix = store.vectors(user_id)
+    if not ids:
+        return []
+    scores = matrix @ query_vector
+    top = np.argsort(-scores)[:depth]
+    return [(ids[i], float(scores[i])) for i in top]
+
+
+def dimension_score(record: dict, query: dict) -> float:
+    """How well a record's dimensions match the parsed query (0 when nothing matches)."""
+    score = 0.0
+    if record["type"] in query.get("target_types", []):
+        score += 0.5
+    if query.get("time") and record.get("time") and overlaps(parse_span(query["time"]), parse_span(record["time"])):
+        score += 2.0
+    location = (query.get("location") or "").casefold()
+    if location and location in (record.get("location") or "").casefold():
+        score += 1.0
+    wanted = {k.casefold() for k in query.get("keywords", [])}
+    if wanted:
+        have = {k.casefold() for k in record["keywords"]} | set((record["content"] or "").casefold().split())
+        score += len(wanted & have) / len(wanted)
+    return score
+
+
+def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
+    """Candidates by index (shared keywords, overlapping time), ranked by dimension score."""
+    ids = set()
+    for type_ in query.get("target_types") or []:
+        ids.update(store.candidates(user_id, type_, query.get("keywords", [])))
+    if query.get("time"):
+        start, end = parse_span(query["time"])
+        ids.update(store.records_in_span(user_id, start.isoformat(), end.isoformat()))
+    scored = [(rid, dimension_score(record, query)) for rid in ids if (record := store.get(user_id, rid))]
+    scored = [(rid, s) for rid, s in scored if s > 0]
+    return sorted(scored, key=lambda x: (-x[1], x[0]))[:depth]
+
+
+def fuse(store: MemoryStore, user_id: str, paths: dict[str, list[tuple[str, float]]], query: dict, k: int) -> list[Hit]:
+    hits: dict[str, Hit] = {}
+    for name, ranked in paths.items():
+        for rank, (rid, score) in enumerate(ranked, start=1):
+            if rid not in hits:
+                hits[rid] = Hit(record=store.get(user_id, rid), score=0.0)
+            hits[rid].score += 1.0 / (RRF_K + rank)
+            hits[rid].paths[name] = {"rank": rank, "score": round(score, 6)}
+    span = parse_span(query["time"]) if query.get("time") else None
+
+    def dated_elsewhere(hit: Hit) -> bool:
+        return bool(span and hit.record.get("time") and not overlaps(span, parse_span(hit.record["time"])))
+
+    return sorted(hits.values(), key=lambda h: (dated_elsewhere(h), -h.score, h.record["id"]))[:k]
