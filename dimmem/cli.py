@@ -87,6 +87,14 @@ def _export_parser(sub) -> None:
     p.set_defaults(handler=run_cli)
 
 
+def _eval_parser(sub) -> None:
+    from eval.cli import add_arguments, run_cli
+
+    p = sub.add_parser("eval", help="benchmarks: retrieval")
+    add_arguments(p)
+    p.set_defaults(handler=run_cli)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dimmem", description="DimMem compact memory extractor pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     _datagen_parser(sub)
     _train_parser(sub)
     _export_parser(sub)
+    _eval_parser(sub)
     return parser
 
 

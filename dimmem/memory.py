@@ -64,20 +64,27 @@ class Memory:
         self.stats: Counter = Counter()
 
     # --- writes -------------------------------------------------------------------------------------
-    def add_records(self, records: list[dict], user_id: str, conversation: Conversation | None = None) -> list[dict]:
+    def add_records(self, records: list[dict], user_id: str, conversation: Conversation | None = None,
+                    consolidate: bool = True) -> list[dict]:
         """Store extracted records (source turns as conversation turn ids), consolidating each with its
-        closest stored candidate. Returns one event per record: {"id", "action", "target"}."""
+        closest stored candidate (unless `consolidate=False`: stored as given, e.g. for benchmarks).
+        Returns one event per record: {"id", "action", "target"}."""
         for i, record in enumerate(records):
             if issues := memory_issues(record, i, None):
                 raise ValueError("invalid record: " + "; ".join(map(str, issues)))
+        records = [{**r, "id": r.get("id") or _new_id(user_id, r)} for r in records]
         if conversation is not None:
             with self.store.transaction():
                 self.store.put_turns(user_id, conversation.id, conversation.turns)
         vectors = self.embedder.encode([r["content"] for r in records])
+        if not consolidate:
+            with self.store.transaction():
+                for record, vector in zip(records, vectors):
+                    self.store.insert(user_id, record, vector)
+            return [{"id": r["id"], "action": "ADD", "target": None} for r in records]
         return [self._add_one(user_id, record, vector) for record, vector in zip(records, vectors)]
 
     def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
-        record = {**record, "id": record.get("id") or _new_id(user_id, record)}
         names = {record["speaker"].casefold()}
         keys = [k for k in record["keywords"] if k.casefold() not in names]
         candidates = self.store.candidates(user_id, record["type"], keys)
@@ -133,12 +140,7 @@ class Memory:
     def search(self, query: str, user_id: str, k: int = 10, reference_date: str | None = None,
                parsed: dict | None = None) -> SearchResult:
         parsed = parsed or self.query_parser(query, reference_date)
-        paths = {
-            "bm25": self.store.lexical(user_id, query, self.depth),
-            "dense": dense_path(self.store, user_id, self.embedder.encode([query])[0], self.depth),
-            "dimension": dimension_path(self.store, user_id, parsed, self.depth),
-        }
-        hits = fuse(self.store, user_id, paths, parsed, k)
+        hits = fuse(self.store, user_id, self.paths(query, user_id, parsed), parsed, k)
         self.stats["searches"] += 1
         context = []
         if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
@@ -147,6 +149,13 @@ class Memory:
                 if hit.record.get("conversation_id"):
                     context += self.store.assistant_replies(user_id, hit.record["conversation_id"], hit.record["source_turns"])
         return SearchResult(parsed, hits, context)
+
+    def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
+        """Each retrieval path's ranking on its own: [(record id, score)], best first."""
+        vector = self.embedder.encode([query])[0] if query_vector is None else query_vector
+        return {"bm25": self.store.lexical(user_id, query, self.depth),
+                "dense": dense_path(self.store, user_id, vector, self.depth),
+                "dimension": dimension_path(self.store, user_id, parsed, self.depth)}
 
     # --- export / import ----------------------------------------------------------------------------
     def export_jsonl(self, user_id: str, path: str | Path) -> int:

@@ -49,14 +49,23 @@ def parse_time(question: str, reference: date) -> str | None:
     return None
 
 
+def content_words(text: str) -> list[str]:
+    """Distinct words that can anchor a memory: no stopwords, month names or possessive 's."""
+    words = re.findall(r"[A-Za-z][A-Za-z'\-]+", text)
+    out: dict[str, str] = {}
+    for word in words:
+        word = word[:-2] if word.endswith("'s") else word
+        if word.lower() not in STOPWORDS and word.lower() not in MONTHS and len(word) > 2:
+            out.setdefault(word.casefold(), word)
+    return list(out.values())
+
+
 def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
     """A `parse_query` answer (records.QueryParse) built by rules."""
     reference = datetime.fromisoformat(reference_date).date() if reference_date else date.today()
     lowered = question.lower()
-    words = re.findall(r"[A-Za-z][A-Za-z'\-]+", question)
     types = [t for t, cues in (("profile", PROFILE_CUES), ("episodic", EPISODIC_CUES)) if any(re.search(rf"\b{c}\b", lowered) for c in cues)]
-    keywords = list(dict.fromkeys(w.rstrip("'s") if w.endswith("'s") else w for w in words
-                                  if w.lower() not in STOPWORDS and w.lower() not in MONTHS and len(w) > 2))
+    keywords = content_words(question)
     return {"target_types": types or list(MEMORY_TYPES), "time": parse_time(question, reference), "location": None,
             "keywords": keywords or [question.strip()[:40] or "memory"],
             "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES)}

@@ -60,17 +60,22 @@ def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) ->
     return sorted(scored, key=lambda x: (-x[1], x[0]))[:depth]
 
 
-def fuse(store: MemoryStore, user_id: str, paths: dict[str, list[tuple[str, float]]], query: dict, k: int) -> list[Hit]:
-    hits: dict[str, Hit] = {}
+def rrf(paths: dict[str, list[tuple[str, float]]]) -> list[tuple[str, float, dict]]:
+    """Reciprocal rank fusion: (id, fused score, {path: {rank, score}}), best first."""
+    fused: dict[str, list] = {}
     for name, ranked in paths.items():
         for rank, (rid, score) in enumerate(ranked, start=1):
-            if rid not in hits:
-                hits[rid] = Hit(record=store.get(user_id, rid), score=0.0)
-            hits[rid].score += 1.0 / (RRF_K + rank)
-            hits[rid].paths[name] = {"rank": rank, "score": round(score, 6)}
+            entry = fused.setdefault(rid, [0.0, {}])
+            entry[0] += 1.0 / (RRF_K + rank)
+            entry[1][name] = {"rank": rank, "score": round(score, 6)}
+    return sorted(((rid, score, per_path) for rid, (score, per_path) in fused.items()), key=lambda x: (-x[1], x[0]))
+
+
+def fuse(store: MemoryStore, user_id: str, paths: dict[str, list[tuple[str, float]]], query: dict, k: int) -> list[Hit]:
+    hits = [Hit(store.get(user_id, rid), score, per_path) for rid, score, per_path in rrf(paths)]
     span = parse_span(query["time"]) if query.get("time") else None
 
     def dated_elsewhere(hit: Hit) -> bool:
         return bool(span and hit.record.get("time") and not overlaps(span, parse_span(hit.record["time"])))
 
-    return sorted(hits.values(), key=lambda h: (dated_elsewhere(h), -h.score, h.record["id"]))[:k]
+    return sorted(hits, key=dated_elsewhere)[:k]  # stable: RRF order within each group

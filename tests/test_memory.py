@@ -53,6 +53,9 @@ def test_users_never_see_each_other(memory):
         memory.delete("jazz", "bob")
     assert memory.get("jazz", "ann")["status"] == "active"
     assert memory.search("hiking", "carol").hits == []
+    memory.add_records([{**JAZZ, "speaker": "Carol", "keywords": ["Carol", "jazz"], "content": "Carol hates jazz."}], "carol")
+    assert memory.get("jazz", "carol")["content"] == "Carol hates jazz."  # the same id under another user
+    assert memory.get("jazz", "ann")["content"] == JAZZ["content"]
 
 
 def test_time_constrained_query_prefers_the_right_date(memory):

@@ -1,0 +1,1 @@
+"""Evaluation: retrieval benchmarks of the memory runtime (extraction and QA metrics to come)."""
