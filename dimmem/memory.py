@@ -12,6 +12,7 @@ versions stay in the history.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from dimmem.query import parse_query_rules
 from dimmem.records import MemoryRecord
 from dimmem.retrieval import Hit, dense_path, dimension_path, fuse
 from dimmem.store import MemoryStore
-from dimmem.validate import memory_issues
+from dimmem.validate import TurnScope, memory_issues, validate
 
 MEMORY_FIELDS = tuple(MemoryRecord.model_fields)
 
@@ -97,14 +98,21 @@ class Memory:
             best, similarity = ids[int(np.argmax(scores))], float(np.max(scores))
         decision = {"action": "KEEP_BOTH", "memory": None}
         if best is not None and similarity >= self.threshold:
-            decision = self.consolidator(record, self.store.get(user_id, best), similarity)
+            candidate = self.store.get(user_id, best)
+            decision = self.consolidator(record, candidate, similarity)
+            scope = TurnScope({**{t: candidate["speaker"] for t in candidate["source_turns"]},
+                               **{t: record["speaker"] for t in record["source_turns"]}},
+                              frozenset(candidate["source_turns"]) | frozenset(record["source_turns"]))
+            if not validate("consolidate", decision, scope).ok:  # a bad decision never damages the store
+                self.stats["invalid_consolidations"] += 1
+                decision = {"action": "KEEP_BOTH", "memory": None}
         self.stats[decision["action"]] += 1
+        merged_vector = self.embedder.encode([decision["memory"]["content"]])[0] if decision["action"] == "MERGE" else None
         with self.store.transaction():  # the record and its consolidation land together or not at all
             if decision["action"] == "MERGE":
                 self.store.insert(user_id, record, vector)
                 self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
-                merged = decision["memory"]
-                self.store.revise(user_id, best, merged, self.embedder.encode([merged["content"]])[0], f"MERGE {record['id']}")
+                self.store.revise(user_id, best, decision["memory"], merged_vector, f"MERGE {record['id']}")
             elif decision["action"] == "SUPERSEDE":
                 self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
                 self.store.insert(user_id, {**record, **decision["memory"]}, vector)
@@ -174,6 +182,4 @@ class Memory:
 
 
 def _new_id(user_id: str, record: dict) -> str:
-    import hashlib
-
     return "m-" + hashlib.sha256(json.dumps([user_id, record], sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

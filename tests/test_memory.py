@@ -93,6 +93,24 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
     assert history[0]["record"]["content"] == "Ann lives in Denver."
 
 
+def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, tmp_path):
+    first = rec(id="trip-1", content="Ann went camping at the lake.", time="2023-07-01", keywords=["Ann", "camping", "lake"])
+    again = rec(id="trip-2", content="Ann went camping at the lake with her kids to watch the stars.", time="2023-07-01",
+                keywords=["Ann", "camping", "kids"], source_turns=["D4:2"])
+    memory.add_records([first], "ann")
+    assert memory.add_records([again], "ann") == [{"id": "trip-2", "action": "MERGE", "target": "trip-1"}]
+    kept = memory.get("trip-1", "ann")
+    assert kept["content"] == again["content"] and kept["keywords"] == ["Ann", "camping", "lake", "kids"]
+    assert kept["source_turns"] == ["D1:1", "D4:2"] and memory.get("trip-2", "ann")["status"] == "merged"
+    assert [h["action"] for h in memory.history("trip-1", "ann")] == ["ADD", "MERGE trip-2"]
+
+    broken = Memory(tmp_path / "b.sqlite", embedder=embedder,
+                    consolidator=lambda new, old, sim: {"action": "MERGE", "memory": {**new, "time": "someday"}})
+    broken.add_records([first], "ann")
+    assert broken.add_records([again], "ann")[0]["action"] == "KEEP_BOTH"
+    assert broken.stats["invalid_consolidations"] == 1 and broken.get("trip-1", "ann")["content"] == first["content"]
+
+
 def test_update_and_delete_are_versioned(memory):
     memory.add_records([JAZZ], "ann")
     memory.update("jazz", "ann", content="Ann loves jazz, especially Coltrane.")
