@@ -29,6 +29,11 @@ demo: install
 	# LoRA SFT of a tiny random Qwen3 on that dataset (CPU), then merge and export it
 	$(BIN)/dimmem train --config configs/train/tiny.yaml
 	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge
+	# load the toy labels into the memory runtime and ask it two questions
+	rm -f $(RUNS)/memory.sqlite*
+	$(BIN)/dimmem memory load --labels $(RUNS)/datagen/labels.jsonl --store $(RUNS)/memory.sqlite
+	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 Where does Jonas live now
+	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 --reference-date 2023-07-10 What did Bob do in June 2023
 
 test: install
 	$(BIN)/python -m pytest -q -m ""

@@ -87,6 +87,58 @@ def _export_parser(sub) -> None:
     p.set_defaults(handler=run_cli)
 
 
+def _memory_parser(sub) -> None:
+    p = sub.add_parser("memory", help="the memory runtime: load extracted records, search them")
+    msub = p.add_subparsers(dest="memory_command", required=True)
+    load = msub.add_parser("load", help="add a datagen labels.jsonl (each conversation as its own user)")
+    load.add_argument("--labels", required=True)
+    load.add_argument("--store", required=True, help="SQLite file")
+    load.set_defaults(handler=run_memory_load)
+    search = msub.add_parser("search", help="search one user's memories, showing what each path found")
+    search.add_argument("--store", required=True)
+    search.add_argument("--user", required=True)
+    search.add_argument("--k", type=int, default=5)
+    search.add_argument("--reference-date", help="resolves relative times in the query (ISO date)")
+    search.add_argument("query", nargs="+")
+    search.set_defaults(handler=run_memory_search)
+
+
+def run_memory_load(args) -> int:
+    from dimmem.memory import MEMORY_FIELDS, Memory
+
+    memory = Memory(args.store)
+    by_user: dict[str, list[dict]] = {}
+    for line in Path(args.labels).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("task") == "extract":
+            by_user.setdefault(row["conversation_id"], []).extend(
+                {**{k: m[k] for k in MEMORY_FIELDS}, "id": m["id"], "session_time": m.get("session_time"),
+                 "conversation_id": row["conversation_id"], "window_id": row["window_id"]} for m in row["memories"])
+    for user, records in tqdm(by_user.items(), desc="loading", unit="user", disable=None):
+        memory.add_records(records, user_id=user)
+    stats = memory.stats
+    saved = 1 - stats["embedding_comparisons"] / max(stats["baseline_comparisons"], 1)
+    print(f"{sum(map(len, by_user.values()))} records for {len(by_user)} users into {args.store}: "
+          f"{stats['KEEP_BOTH']} kept, {stats['SUPERSEDE']} superseded an older record, {stats['MERGE']} merged")
+    print(f"embedding comparisons {stats['embedding_comparisons']} vs {stats['baseline_comparisons']} comparing with "
+          f"every stored record ({saved:.0%} fewer)")
+    return 0
+
+
+def run_memory_search(args) -> int:
+    from dimmem.memory import Memory
+
+    result = Memory(args.store).search(" ".join(args.query), user_id=args.user, k=args.k, reference_date=args.reference_date)
+    q = result.query
+    print(f"query: {' '.join(args.query)!r}  types={q['target_types']} time={q['time']} keywords={q['keywords']}")
+    for i, hit in enumerate(result.hits, start=1):
+        found = ", ".join(f"{name} #{p['rank']}" for name, p in hit.paths.items())
+        print(f"{i}. [{hit.record['type']}, {hit.record['time'] or 'no time'}] {hit.record['content']}  ({found})")
+    for turn in result.assistant_context:
+        print(f"   assistant said: {turn['text']}")
+    return 0
+
+
 def _eval_parser(sub) -> None:
     from eval.cli import add_arguments, run_cli
 
@@ -103,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _export_parser(sub)
     _eval_parser(sub)
+    _memory_parser(sub)
     return parser
 
 

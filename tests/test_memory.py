@@ -202,3 +202,21 @@ def test_concurrent_writers_lose_nothing(tmp_path):
                               stdout=subprocess.DEVNULL) for n in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     assert len(MemoryStore(db).records("ann")) == 240
+
+
+@pytest.mark.slow
+def test_memory_cli_loads_labels_and_searches(tmp_path, capsys):
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run
+    from dimmem.cli import main
+
+    run(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 3}, "out": str(tmp_path / "d"),
+                                      "windows": {"window": 12, "overlap": 3, "max_tokens": None},
+                                      "teacher": {"kind": "oracle"}, "tasks": {"parse_query": False, "consolidate": False}}),
+        show_progress=False)
+    assert main(["memory", "load", "--labels", str(tmp_path / "d" / "labels.jsonl"), "--store", str(tmp_path / "m.sqlite")]) == 0
+    loaded = capsys.readouterr().out
+    assert "for 3 users" in loaded and "fewer)" in loaded
+    assert main(["memory", "search", "--store", str(tmp_path / "m.sqlite"), "--user", "toy-0000", "--k", "3", "where", "does", "he", "live"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("query: 'where does he live'") and lines[1].startswith("1. [") and "#1" in "".join(lines[1:])
