@@ -104,16 +104,10 @@ def _memory_parser(sub) -> None:
 
 
 def run_memory_load(args) -> int:
-    from dimmem.memory import MEMORY_FIELDS, Memory
+    from dimmem.memory import Memory, label_memories
 
     memory = Memory(args.store)
-    by_user: dict[str, list[dict]] = {}
-    for line in Path(args.labels).read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        if row.get("task") == "extract":
-            by_user.setdefault(row["conversation_id"], []).extend(
-                {**{k: m[k] for k in MEMORY_FIELDS}, "id": m["id"], "session_time": m.get("session_time"),
-                 "conversation_id": row["conversation_id"], "window_id": row["window_id"]} for m in row["memories"])
+    by_user = label_memories(args.labels)
     for user, records in tqdm(by_user.items(), desc="loading", unit="user", disable=None):
         memory.add_records(records, user_id=user)
     stats = memory.stats

@@ -181,5 +181,17 @@ class Memory:
         return len(self.add_records(active, user_id))
 
 
+def label_memories(path: str | Path) -> dict[str, list[dict]]:
+    """The extracted records of a datagen labels.jsonl, by conversation, ready for `add_records`."""
+    by_conversation: dict[str, list[dict]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("task") == "extract":
+            by_conversation.setdefault(row["conversation_id"], []).extend(
+                {**{k: m[k] for k in MEMORY_FIELDS}, "id": m["id"], "session_time": m.get("session_time"),
+                 "conversation_id": row["conversation_id"], "window_id": row["window_id"]} for m in row["memories"])
+    return by_conversation
+
+
 def _new_id(user_id: str, record: dict) -> str:
     return "m-" + hashlib.sha256(json.dumps([user_id, record], sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

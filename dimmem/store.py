@@ -154,7 +154,7 @@ class MemoryStore:
                                "ORDER BY version", (record_id, user_id))
         return [{"version": v, "action": a, "at": at, "record": json.loads(s)} for v, a, s, at in rows]
 
-    def candidates(self, user_id: str, type_: str, keywords: list[str], exclude: str | None = None) -> list[str]:
+    def candidates(self, user_id: str, type_: str, keywords: list[str]) -> list[str]:
         """Active records of the same type sharing a keyword: an index lookup, never a scan of all pairs."""
         keys = sorted({k.casefold() for k in keywords})
         if not keys:
@@ -163,7 +163,7 @@ class MemoryStore:
         rows = self.db.execute(
             f"SELECT record_id, COUNT(*) AS shared FROM record_keywords WHERE user_id=? AND type=? AND keyword IN ({marks}) "
             "GROUP BY record_id ORDER BY shared DESC, record_id", (user_id, type_, *keys))
-        return [r[0] for r in rows if r[0] != exclude]
+        return [r[0] for r in rows]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
         """BM25 over content, keywords and dimensions (FTS5); higher is better."""

@@ -10,7 +10,6 @@ turns (`dia_id`) cited by its top k records; MRR uses the first record citing an
 """
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +19,7 @@ from tqdm import tqdm
 
 from dimmem.conversation import Conversation
 from dimmem.loaders import load_conversations
-from dimmem.memory import Memory
+from dimmem.memory import Memory, label_memories
 from dimmem.query import content_words, parse_query_rules
 from dimmem.retrieval import rrf
 
@@ -51,17 +50,6 @@ def observation_records(conv: Conversation) -> list[dict]:
     return records
 
 
-def label_records(path: Path) -> dict[str, list[dict]]:
-    """Extraction labels from a datagen run (labels.jsonl), by conversation."""
-    by_conv: dict[str, list[dict]] = defaultdict(list)
-    for line in path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        if row.get("task") == "extract":
-            for memory in row["memories"]:
-                by_conv[row["conversation_id"]].append({**memory, "conversation_id": row["conversation_id"]})
-    return by_conv
-
-
 def evidence_of(qa: dict) -> set[str]:
     return {e for item in qa.get("evidence", []) for e in re.split(r"[;,\s]+", item) if e}
 
@@ -78,7 +66,7 @@ def score_ranking(ranked: list[str], sources: dict[str, list[str]], evidence: se
 
 def run_locomo(input_path: str, memories: str, ks: list[int], memory: Memory, categories=(1, 2, 3, 4)) -> dict:
     conversations = load_conversations("locomo", input_path)
-    labels = label_records(Path(memories)) if memories not in ("turns", "observations") else None
+    labels = label_memories(memories) if memories not in ("turns", "observations") else None
     totals: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in RANKINGS}
     per_category: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     context_words: dict[int, list[int]] = defaultdict(list)
@@ -89,8 +77,9 @@ def run_locomo(input_path: str, memories: str, ks: list[int], memory: Memory, ca
         if not records:
             continue
         memory.add_records(records, user_id=conv.id, conversation=conv, consolidate=False)
-        sources = {r["id"]: r["source_turns"] for r in memory.store.records(conv.id)}
-        content = {r["id"]: r["content"] for r in memory.store.records(conv.id)}
+        stored = memory.store.records(conv.id)
+        sources = {r["id"]: r["source_turns"] for r in stored}
+        content = {r["id"]: r["content"] for r in stored}
         qas = [qa for qa in conv.metadata.get("qa", []) if qa.get("category") in categories and evidence_of(qa)]
         vectors = memory.embedder.encode([qa["question"] for qa in qas])
         reference = conv.turns[-1].session_time

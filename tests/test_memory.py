@@ -1,12 +1,10 @@
 """The memory runtime: user isolation, durability under SIGKILL, concurrent writers, history, and each
 retrieval path finding what it should, with the real MiniLM embedder."""
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
