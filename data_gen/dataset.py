@@ -42,10 +42,7 @@ def sft_row(outcome: Outcome, teacher_model: str) -> dict:
 
 def global_memories(outcome: Outcome) -> list[dict]:
     """An extraction's memories with the pointer resolved: source turns as conversation turn ids."""
-    window = outcome.job.window
-    session_time = window.new[0].session_time
-    return [{**memory, "source_turns": window.global_ids(memory["source_turns"]), "session_time": session_time,
-             "id": f"{window.id}#m{i + 1}"} for i, memory in enumerate(outcome.value["memories"])]
+    return outcome.job.window.resolve(outcome.value["memories"])
 
 
 def build_dataset(outcomes: list[Outcome], teacher_model: str, validation: float, test: float, seed: int) -> DatasetDict:

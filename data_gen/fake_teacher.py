@@ -36,6 +36,7 @@ class FakeTeacher:
         self.latency, self.timeout_sleep = latency, timeout_sleep
         self.seen: dict[str, int] = defaultdict(int)
         self.requests = 0
+        self.bodies: list[dict] = []  # request bodies received in process (tests read them)
         self.lock = threading.Lock()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict] = {}

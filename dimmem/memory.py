@@ -1,9 +1,13 @@
 """`Memory`: the memory runtime's Python API, scoped by user, as memory libraries expose it.
 
-    memory = Memory("memories.sqlite")
-    memory.add_records(records, user_id="ann", conversation=conversation)   # records in global form
+    memory = Memory.from_config("configs/memory/default.yaml")        # or Memory(path, extractor=...)
+    memory.add(messages, user_id="ann")          # OpenAI-style messages or a Conversation
     result = memory.search("When did Ann go hiking?", user_id="ann", k=5)
     memory.get(id, user_id=...), memory.update(...), memory.delete(...), memory.history(...)
+
+`add` windows the conversation, asks the extractor for each window's records, keeps those the
+validator passes (the others are reported, not stored), resolves their pointers to conversation turn
+ids and stores them with their source turns through the update path below.
 
 Each new record meets only the stored records of its type that share a keyword (an index lookup), is
 compared by embedding with those alone, and is consolidated with the closest one when similar enough:
@@ -21,28 +25,26 @@ from typing import Callable
 
 import numpy as np
 
+from dimmem.consolidate import MEMORY_FIELDS, consolidate_rules, decision_scope
 from dimmem.conversation import Conversation
 from dimmem.embed import Embedder
+from dimmem.extractors import Extractor, TurnExtractor
+from dimmem.loaders._fields import Record
+from dimmem.loaders.chat_jsonl import conversation_from_messages
 from dimmem.query import parse_query_rules
-from dimmem.records import MemoryRecord
-from dimmem.retrieval import Hit, dense_path, dimension_path, fuse
+from dimmem.retrieval import Hit, dimension_path, fuse
 from dimmem.store import MemoryStore
-from dimmem.validate import TurnScope, memory_issues, validate
+from dimmem.validate import memory_issues, validate
+from dimmem.vector_index import VectorIndex
+from dimmem.windows import Window, make_windows
 
-MEMORY_FIELDS = tuple(MemoryRecord.model_fields)
-
-
-def consolidate_rules(new: dict, candidate: dict, similarity: float) -> dict:
-    """The rule fallback for consolidation (a `consolidate` answer)."""
-    if new["type"] in ("fact", "profile"):  # stable knowledge and traits change: the newer statement holds
-        return {"action": "SUPERSEDE", "memory": {k: new[k] for k in MEMORY_FIELDS}}
-    if new.get("time") == candidate.get("time"):  # the same event told twice: keep one, richer record
-        merged = {k: candidate[k] if candidate.get(k) is not None else new.get(k) for k in MEMORY_FIELDS}
-        merged["content"] = max((new["content"], candidate["content"]), key=len)
-        merged["keywords"] = list(dict.fromkeys(candidate["keywords"] + new["keywords"]))
-        merged["source_turns"] = list(dict.fromkeys(candidate["source_turns"] + new["source_turns"]))
-        return {"action": "MERGE", "memory": merged}
-    return {"action": "KEEP_BOTH", "memory": None}
+@dataclass
+class AddResult:
+    conversation_id: str
+    windows: int
+    events: list[dict]  # one per stored record: {"id", "action", "target"}
+    rejected: list[str] = field(default_factory=list)  # memories the validator refused, with the reasons
+    failed: dict[str, str] = field(default_factory=dict)  # window id -> why the extractor gave no answer
 
 
 @dataclass
@@ -54,26 +56,72 @@ class SearchResult:
 
 class Memory:
     def __init__(self, path: str | Path = ":memory:", embedder: Embedder | None = None,
+                 extractor: Extractor | None = None,
                  query_parser: Callable[[str, str | None], dict] | None = None,
                  consolidator: Callable[[dict, dict, float], dict] | None = None,
-                 similarity_threshold: float = 0.6, depth: int = 50):
+                 window: int = 20, overlap: int = 4, count_tokens: Callable[[Window], int] | None = None,
+                 max_tokens: int | None = None, similarity_threshold: float = 0.6, max_candidates: int = 200,
+                 depth: int = 50, weights: dict[str, float] | None = None, ann_min_records: int = 200_000):
         self.store = MemoryStore(path)
         self.embedder = embedder or Embedder()
+        self.vectors = VectorIndex(self.store, ann_min_records=ann_min_records)
+        self.extractor = extractor or TurnExtractor()
         self.query_parser = query_parser or parse_query_rules
         self.consolidator = consolidator or consolidate_rules
-        self.threshold, self.depth = similarity_threshold, depth
+        self.window, self.overlap, self.count_tokens, self.max_tokens = window, overlap, count_tokens, max_tokens
+        self.threshold, self.max_candidates, self.depth, self.weights = similarity_threshold, max_candidates, depth, weights
         self.stats: Counter = Counter()
 
+    @classmethod
+    def from_config(cls, path: str | Path, **overrides) -> "Memory":
+        """A runtime built from a YAML file (configs/memory/*.yaml); keyword overrides win."""
+        from dimmem.memory_config import load_memory_config
+
+        return load_memory_config(path, **overrides).build()
+
     # --- writes -------------------------------------------------------------------------------------
+    def add(self, messages: list[dict] | Conversation, user_id: str, conversation_id: str | None = None) -> AddResult:
+        """Extract memories from a conversation (or OpenAI-style messages) and store them for the user."""
+        if isinstance(messages, Conversation):
+            conversation = messages
+        else:  # without an id, the same messages added twice are the same conversation
+            digest = "c-" + hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
+            conversation = conversation_from_messages({"messages": messages, "id": conversation_id or digest},
+                                                      Record("messages", f"user {user_id}"), digest)
+        windows = make_windows(conversation, self.window, self.overlap, self.max_tokens, self.count_tokens)
+        answers = self.extractor(windows)
+        records, rejected, failed = [], [], {}
+        for window in windows:
+            answer = answers[window.id]
+            if isinstance(answer, str):
+                failed[window.id] = answer
+                continue
+            issues = validate("extract", answer, window.scope).issues
+            if any(issue.index is None for issue in issues):  # the answer as a whole is unusable
+                failed[window.id] = f"{window.id}: " + "; ".join(map(str, issues))
+                continue
+            bad = {issue.index for issue in issues}  # a bad memory costs only itself
+            rejected += [f"{window.id}: {issue}" for issue in issues]
+            records += window.resolve([m for i, m in enumerate(answer["memories"]) if i not in bad])
+            self.stats["rejected_memories"] += len(bad)
+        self.stats["windows"] += len(windows)
+        self.stats["failed_windows"] += len(failed)
+        events = self.add_records(records, user_id, conversation)
+        return AddResult(conversation.id, len(windows), events, rejected, failed)
+
     def add_records(self, records: list[dict], user_id: str, conversation: Conversation | None = None,
                     consolidate: bool = True) -> list[dict]:
         """Store extracted records (source turns as conversation turn ids), consolidating each with its
         closest stored candidate (unless `consolidate=False`: stored as given, e.g. for benchmarks).
-        Returns one event per record: {"id", "action", "target"}."""
+        Returns one event per record: {"id", "action", "target"}. A record whose id is already stored
+        (e.g. the same conversation added again after an interrupted add) is left as it is: UNCHANGED."""
         for i, record in enumerate(records):
             if issues := memory_issues(record, i, None):
                 raise ValueError("invalid record: " + "; ".join(map(str, issues)))
         records = [{**r, "id": r.get("id") or _new_id(user_id, r)} for r in records]
+        stored = self.store.get_many(user_id, [r["id"] for r in records])
+        unchanged = [{"id": r["id"], "action": "UNCHANGED", "target": None} for r in records if r["id"] in stored]
+        records = [r for r in records if r["id"] not in stored]
         if conversation is not None:
             with self.store.transaction():
                 self.store.put_turns(user_id, conversation.id, conversation.turns)
@@ -82,13 +130,13 @@ class Memory:
             with self.store.transaction():
                 for record, vector in zip(records, vectors):
                     self.store.insert(user_id, record, vector)
-            return [{"id": r["id"], "action": "ADD", "target": None} for r in records]
-        return [self._add_one(user_id, record, vector) for record, vector in zip(records, vectors)]
+            return unchanged + [{"id": r["id"], "action": "ADD", "target": None} for r in records]
+        return unchanged + [self._add_one(user_id, record, vector) for record, vector in zip(records, vectors)]
 
     def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
         names = {record["speaker"].casefold()}
         keys = [k for k in record["keywords"] if k.casefold() not in names]
-        candidates = self.store.candidates(user_id, record["type"], keys)
+        candidates = self.store.candidates(user_id, record["type"], keys, self.max_candidates)
         self.stats["embedding_comparisons"] += len(candidates)
         self.stats["baseline_comparisons"] += self.store.count(user_id)  # what comparing with everything would cost
         best, similarity = None, 0.0
@@ -100,10 +148,7 @@ class Memory:
         if best is not None and similarity >= self.threshold:
             candidate = self.store.get(user_id, best)
             decision = self.consolidator(record, candidate, similarity)
-            scope = TurnScope({**{t: candidate["speaker"] for t in candidate["source_turns"]},
-                               **{t: record["speaker"] for t in record["source_turns"]}},
-                              frozenset(candidate["source_turns"]) | frozenset(record["source_turns"]))
-            if not validate("consolidate", decision, scope).ok:  # a bad decision never damages the store
+            if not validate("consolidate", decision, decision_scope(record, candidate)).ok:  # a bad decision never damages the store
                 self.stats["invalid_consolidations"] += 1
                 decision = {"action": "KEEP_BOTH", "memory": None}
         self.stats[decision["action"]] += 1
@@ -148,7 +193,7 @@ class Memory:
     def search(self, query: str, user_id: str, k: int = 10, reference_date: str | None = None,
                parsed: dict | None = None) -> SearchResult:
         parsed = parsed or self.query_parser(query, reference_date)
-        hits = fuse(self.store, user_id, self.paths(query, user_id, parsed), parsed, k)
+        hits = fuse(self.store, user_id, self.paths(query, user_id, parsed), parsed, k, self.weights)
         self.stats["searches"] += 1
         context = []
         if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
@@ -162,7 +207,7 @@ class Memory:
         """Each retrieval path's ranking on its own: [(record id, score)], best first."""
         vector = self.embedder.encode([query])[0] if query_vector is None else query_vector
         return {"bm25": self.store.lexical(user_id, query, self.depth),
-                "dense": dense_path(self.store, user_id, vector, self.depth),
+                "dense": self.vectors.search(user_id, vector, self.depth),
                 "dimension": dimension_path(self.store, user_id, parsed, self.depth)}
 
     # --- export / import ----------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""Rule-based query parsing, the fallback when no model parses queries: time expressions resolved
-against a reference date, memory types and assistant recall from cue words, keywords from content words."""
+"""Query parsing: by a model (`ModelQueryParser`) or by rules, the fallback when no model is configured:
+time expressions resolved against a reference date, memory types and assistant recall from cue words,
+keywords from content words."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import date, datetime, timedelta
 
+from dimmem.llm import ChatModel, ModelError
+from dimmem.prompts import parse_query_messages
 from dimmem.records import MEMORY_TYPES
+from dimmem.validate import validate
 
 MONTHS = {m: i for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
                                        "september", "october", "november", "december"], start=1)}
@@ -69,3 +74,21 @@ def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
     return {"target_types": types or list(MEMORY_TYPES), "time": parse_time(question, reference), "location": None,
             "keywords": keywords or [question.strip()[:40] or "memory"],
             "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES)}
+
+
+class ModelQueryParser:
+    """Parses with the model; an unavailable endpoint or an invalid answer falls back to the rules."""
+
+    def __init__(self, model: ChatModel, speakers: list[str] | None = None):
+        self.model, self.speakers, self.stats = model, speakers, Counter()
+
+    def __call__(self, question: str, reference_date: str | None = None) -> dict:
+        try:
+            value = self.model.complete("parse_query", parse_query_messages(question, reference_date, self.speakers))
+            if validate("parse_query", value).ok:
+                self.stats["model"] += 1
+                return value
+            self.stats["invalid"] += 1
+        except ModelError:
+            self.stats["unavailable"] += 1
+        return parse_query_rules(question, reference_date)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from dimmem.store import MemoryStore
 from dimmem.timespan import overlaps, parse_span
 
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
+CANDIDATES_PER_DEPTH = 10
 
 
 @dataclass
@@ -18,16 +17,6 @@ class Hit:
     record: dict
     score: float
     paths: dict[str, dict] = field(default_factory=dict)  # path -> {"rank": r, "score": s}
-
-
-def dense_path(store: MemoryStore, user_id: str, query_vector: np.ndarray, depth: int) -> list[tuple[str, float]]:
-    """Exact cosine search over the user's vectors."""
-    ids, matrix = store.vectors(user_id)
-    if not ids:
-        return []
-    scores = matrix @ query_vector
-    top = np.argsort(-scores)[:depth]
-    return [(ids[i], float(scores[i])) for i in top]
 
 
 def dimension_score(record: dict, query: dict) -> float:
@@ -48,31 +37,37 @@ def dimension_score(record: dict, query: dict) -> float:
 
 
 def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
-    """Candidates by index (shared keywords, overlapping time), ranked by dimension score."""
-    ids = set()
+    """Candidates by index (most shared keywords, overlapping time), ranked by dimension score. Each
+    lookup is bounded (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one."""
+    ids: dict[str, None] = {}
+    limit = CANDIDATES_PER_DEPTH * depth
     for type_ in query.get("target_types") or []:
-        ids.update(store.candidates(user_id, type_, query.get("keywords", [])))
+        ids.update(dict.fromkeys(store.candidates(user_id, type_, query.get("keywords", []), limit)))
     if query.get("time"):
         start, end = parse_span(query["time"])
-        ids.update(store.records_in_span(user_id, start.isoformat(), end.isoformat()))
-    scored = [(rid, dimension_score(record, query)) for rid in ids if (record := store.get(user_id, rid))]
-    scored = [(rid, s) for rid, s in scored if s > 0]
+        ids.update(dict.fromkeys(store.records_in_span(user_id, start.isoformat(), end.isoformat(), limit)))
+    records = store.get_many(user_id, list(ids))
+    scored = [(rid, s) for rid, record in records.items() if (s := dimension_score(record, query)) > 0]
     return sorted(scored, key=lambda x: (-x[1], x[0]))[:depth]
 
 
-def rrf(paths: dict[str, list[tuple[str, float]]]) -> list[tuple[str, float, dict]]:
-    """Reciprocal rank fusion: (id, fused score, {path: {rank, score}}), best first."""
+def rrf(paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None) -> list[tuple[str, float, dict]]:
+    """(Weighted) reciprocal rank fusion: (id, fused score, {path: {rank, score}}), best first."""
     fused: dict[str, list] = {}
     for name, ranked in paths.items():
+        weight = 1.0 if weights is None else weights.get(name, 0.0)
         for rank, (rid, score) in enumerate(ranked, start=1):
             entry = fused.setdefault(rid, [0.0, {}])
-            entry[0] += 1.0 / (RRF_K + rank)
+            entry[0] += weight / (RRF_K + rank)
             entry[1][name] = {"rank": rank, "score": round(score, 6)}
     return sorted(((rid, score, per_path) for rid, (score, per_path) in fused.items()), key=lambda x: (-x[1], x[0]))
 
 
-def fuse(store: MemoryStore, user_id: str, paths: dict[str, list[tuple[str, float]]], query: dict, k: int) -> list[Hit]:
-    hits = [Hit(store.get(user_id, rid), score, per_path) for rid, score, per_path in rrf(paths)]
+def fuse(store: MemoryStore, user_id: str, paths: dict[str, list[tuple[str, float]]], query: dict, k: int,
+         weights: dict[str, float] | None = None) -> list[Hit]:
+    fused = rrf(paths, weights)
+    records = store.get_many(user_id, [rid for rid, _, _ in fused])
+    hits = [Hit(records[rid], score, per_path) for rid, score, per_path in fused if rid in records]
     span = parse_span(query["time"]) if query.get("time") else None
 
     def dated_elsewhere(hit: Hit) -> bool:

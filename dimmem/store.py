@@ -38,6 +38,13 @@ MIGRATIONS = [
     CREATE TABLE vectors (record_id TEXT NOT NULL, user_id TEXT NOT NULL, vec BLOB NOT NULL, PRIMARY KEY (user_id, record_id));
     CREATE VIRTUAL TABLE records_fts USING fts5(record_id UNINDEXED, user_id UNINDEXED, body, tokenize='porter unicode61');
     """,
+    # Per-user change counters, so in-memory vector indexes (dimmem.vector_index) know when to refresh:
+    # appended vectors are loaded incrementally (vectors_user keeps a user's rows in rowid order), any
+    # removal triggers a reload. Bumped in the same transaction as the change, by every writer process.
+    """
+    CREATE TABLE vector_state (user_id TEXT PRIMARY KEY, appended INTEGER NOT NULL DEFAULT 0, removed INTEGER NOT NULL DEFAULT 0);
+    CREATE INDEX vectors_user ON vectors(user_id);
+    """,
 ]
 
 RECORD_FIELDS = ("type", "speaker", "content", "time", "location", "reason", "purpose", "keywords", "source_turns")
@@ -126,12 +133,14 @@ class MemoryStore:
         body = " ".join(filter(None, [record["content"], " ".join(record["keywords"]), record.get("location"),
                                       record.get("reason"), record.get("purpose")]))
         self.db.execute("INSERT INTO records_fts (record_id, user_id, body) VALUES (?,?,?)", (record_id, user_id, body))
-        self.db.execute("INSERT OR REPLACE INTO vectors VALUES (?,?,?)",
-                        (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()))
+        self.db.execute("INSERT INTO vectors VALUES (?,?,?)", (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()))
+        self.db.execute("INSERT INTO vector_state (user_id, appended) VALUES (?, 1) "
+                        "ON CONFLICT(user_id) DO UPDATE SET appended = appended + 1", (user_id,))
 
     def _unindex(self, user_id: str, record_id: str) -> None:
         for table in ("record_keywords", "records_fts", "vectors"):
             self.db.execute(f"DELETE FROM {table} WHERE record_id=? AND user_id=?", (record_id, user_id))
+        self.db.execute("UPDATE vector_state SET removed = removed + 1 WHERE user_id=?", (user_id,))
 
     def _snapshot(self, user_id: str, record_id: str, version: int, action: str, at: float) -> None:
         snapshot = json.dumps(self.get(user_id, record_id), ensure_ascii=False)
@@ -141,6 +150,16 @@ class MemoryStore:
     def get(self, user_id: str, record_id: str) -> dict | None:
         row = self.db.execute("SELECT * FROM records WHERE id=? AND user_id=?", (record_id, user_id)).fetchone()
         return _record(row) if row else None
+
+    def get_many(self, user_id: str, record_ids: list[str]) -> dict[str, dict]:
+        """{id: record} for those of the ids the user has."""
+        out = {}
+        for start in range(0, len(record_ids), 500):  # stay under SQLite's bound-parameter limit
+            chunk = record_ids[start:start + 500]
+            rows = self.db.execute(f"SELECT * FROM records WHERE user_id=? AND id IN ({','.join('?' * len(chunk))})",
+                                   (user_id, *chunk))
+            out.update((r["id"], _record(r)) for r in rows)
+        return out
 
     def count(self, user_id: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM records WHERE user_id=? AND status='active'", (user_id,)).fetchone()[0]
@@ -154,15 +173,16 @@ class MemoryStore:
                                "ORDER BY version", (record_id, user_id))
         return [{"version": v, "action": a, "at": at, "record": json.loads(s)} for v, a, s, at in rows]
 
-    def candidates(self, user_id: str, type_: str, keywords: list[str]) -> list[str]:
-        """Active records of the same type sharing a keyword: an index lookup, never a scan of all pairs."""
+    def candidates(self, user_id: str, type_: str, keywords: list[str], limit: int = -1) -> list[str]:
+        """Active records of the same type sharing a keyword, most shared first: an index lookup, never a
+        scan of all pairs (`limit` -1: all)."""
         keys = sorted({k.casefold() for k in keywords})
         if not keys:
             return []
         marks = ",".join("?" * len(keys))
         rows = self.db.execute(
             f"SELECT record_id, COUNT(*) AS shared FROM record_keywords WHERE user_id=? AND type=? AND keyword IN ({marks}) "
-            "GROUP BY record_id ORDER BY shared DESC, record_id", (user_id, type_, *keys))
+            "GROUP BY record_id ORDER BY shared DESC, record_id LIMIT ?", (user_id, type_, *keys, limit))
         return [r[0] for r in rows]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
@@ -175,23 +195,29 @@ class MemoryStore:
                                "WHERE records_fts MATCH ? AND user_id=? ORDER BY score LIMIT ?", (match, user_id, k))
         return [(r[0], -r[1]) for r in rows]
 
-    def records_in_span(self, user_id: str, start: str, end: str) -> list[str]:
-        """Active records whose time overlaps the day span [start, end]."""
-        rows = self.db.execute("SELECT id FROM records WHERE user_id=? AND status='active' AND t_start<=? AND t_end>=?",
-                               (user_id, end, start))
+    def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
+        """Active records whose time overlaps the day span [start, end], the latest-starting first."""
+        rows = self.db.execute("SELECT id FROM records WHERE user_id=? AND status='active' AND t_start<=? AND t_end>=? "
+                               "ORDER BY t_start DESC, id LIMIT ?", (user_id, end, start, limit))
         return [r[0] for r in rows]
 
-    def vectors(self, user_id: str, record_ids: list[str] | None = None) -> tuple[list[str], np.ndarray]:
-        """Vectors of the user's active records (all, or the given ones)."""
-        if record_ids is None:
-            rows = self.db.execute("SELECT record_id, vec FROM vectors WHERE user_id=? ORDER BY record_id", (user_id,)).fetchall()
-        else:
-            marks = ",".join("?" * len(record_ids))
-            rows = self.db.execute(f"SELECT record_id, vec FROM vectors WHERE user_id=? AND record_id IN ({marks}) "
-                                   "ORDER BY record_id", (user_id, *record_ids)).fetchall()
-        if not rows:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        return [r[0] for r in rows], np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
+    def vectors(self, user_id: str, record_ids: list[str]) -> tuple[list[str], np.ndarray]:
+        """Vectors of the given active records of the user."""
+        marks = ",".join("?" * len(record_ids))
+        rows = self.db.execute(f"SELECT record_id, vec FROM vectors WHERE user_id=? AND record_id IN ({marks}) "
+                               "ORDER BY record_id", (user_id, *record_ids)).fetchall()
+        return [r[0] for r in rows], _matrix(rows, 1)
+
+    def vector_state(self, user_id: str) -> tuple[int, int]:
+        """(vectors appended, vectors removed) so far for the user: a change stamp for in-memory indexes."""
+        row = self.db.execute("SELECT appended, removed FROM vector_state WHERE user_id=?", (user_id,)).fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+    def vectors_after(self, user_id: str, rowid: int) -> tuple[list[int], list[str], np.ndarray]:
+        """The user's vectors stored after `rowid` (0: all), in storage order: (rowids, record ids, matrix)."""
+        rows = self.db.execute("SELECT rowid, record_id, vec FROM vectors WHERE user_id=? AND rowid>? ORDER BY rowid",
+                               (user_id, rowid)).fetchall()
+        return [r[0] for r in rows], [r[1] for r in rows], _matrix(rows, 2)
 
     def assistant_replies(self, user_id: str, conversation_id: str, turn_ids: list[str]) -> list[dict]:
         """The assistant turns answering the given turns: each up to the next user turn (the pointer's payoff)."""
@@ -205,6 +231,12 @@ class MemoryStore:
                                "conversation_id=? AND position BETWEEN ? AND ? ORDER BY position",
                                (user_id, conversation_id, min(positions), max(positions) + 2)).fetchall()
         return [dict(r) for r in rows if r["role"] == "assistant"]
+
+
+def _matrix(rows: list, column: int) -> np.ndarray:
+    if not rows:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.frombuffer(b"".join(r[column] for r in rows), dtype=np.float32).reshape(len(rows), -1)
 
 
 def _row(record: dict) -> dict:

@@ -50,6 +50,14 @@ class Window:
         table = dict(zip(self.local_ids, (t.id for t in self.turns)))
         return [table[lid] for lid in local_ids]
 
+    def resolve(self, memories: list[dict]) -> list[dict]:
+        """An extract answer's memories as stored records: the pointer resolved to conversation turn ids,
+        the session time of the new part, and an id stable across re-runs (`<window id>#m<n>`)."""
+        session_time = self.new[0].session_time
+        return [{**memory, "source_turns": self.global_ids(memory["source_turns"]), "session_time": session_time,
+                 "conversation_id": self.conversation_id, "window_id": self.id, "id": f"{self.id}#m{i + 1}"}
+                for i, memory in enumerate(memories)]
+
 
 def make_windows(
     conversation: Conversation,

@@ -18,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dimmem.conversation import Conversation
+from dimmem.extractors import turn_memory
 from dimmem.loaders import load_conversations
 from dimmem.memory import Memory, label_memories
 from dimmem.query import content_words, parse_query_rules
@@ -28,10 +29,7 @@ RANKINGS = ("bm25", "dense", "dimension", "bm25+dense", "fused")
 
 def turn_records(conv: Conversation) -> list[dict]:
     """Every turn as a record: the raw-turns baseline."""
-    return [{"id": t.id, "source_turns": [t.id], "speaker": t.speaker, "content": f"{t.speaker}: {t.text}",
-             "type": "episodic", "time": t.session_time[:10] if t.session_time else None, "location": None,
-             "reason": None, "purpose": None, "keywords": (content_words(t.text) or [t.speaker])[:12],
-             "conversation_id": conv.id} for t in conv.turns]
+    return [{**turn_memory(t, t.id), "id": t.id, "conversation_id": conv.id} for t in conv.turns]
 
 
 def observation_records(conv: Conversation) -> list[dict]:

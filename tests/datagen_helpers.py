@@ -21,20 +21,21 @@ def toy_config(out, **teacher) -> DatagenConfig:
     })
 
 
-def mock_client(fake: FakeTeacher) -> httpx2.AsyncClient:
-    """The real openai client over an in-process transport that answers like the fake server."""
+def mock_client(fake: FakeTeacher, sync: bool = False) -> httpx2.AsyncClient | httpx2.Client:
+    """An HTTP client for the real openai client, over an in-process transport that answers like the fake server."""
 
-    async def handler(request: httpx2.Request) -> httpx2.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         import json
 
         body = json.loads(request.content)
+        fake.bodies.append(body)
         behaviour = fake.behaviour(body)
         if behaviour == "timeout":
             raise httpx2.ReadTimeout("timed out", request=request)
         status, headers, payload = fake.respond(body, behaviour)
         return httpx2.Response(status, headers=headers, json=payload)
 
-    return httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    return (httpx2.Client if sync else httpx2.AsyncClient)(transport=httpx2.MockTransport(handler))
 
 
 def window_marker(cfg: DatagenConfig, conversation: int = 0, window: int = 1) -> str:

@@ -187,8 +187,8 @@ def test_sigkill_mid_add_leaves_no_partial_record(tmp_path):
     assert len(records) >= len(committed)  # nothing committed was lost
     for r in records:  # and whatever is there is whole: index, vector and history entries with it
         assert store.history("ann", r["id"]) and store.candidates("ann", "fact", [r["keywords"][1]]) == [r["id"]]
-    ids, matrix = store.vectors("ann")
-    assert sorted(ids) == sorted(r["id"] for r in records)
+    _, ids, _ = store.vectors_after("ann", 0)
+    assert sorted(ids) == sorted(r["id"] for r in records) and store.vector_state("ann") == (len(records), 0)
     assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

@@ -1,0 +1,173 @@
+"""Memory.add end to end: windows -> extractor -> validator -> update -> store, with the real openai client
+against the fake OpenAI-compatible server's logic, the labels replay and the rule fallback; the model
+client's retries; the dense index staying in step with the store; the YAML config."""
+import json
+
+import numpy as np
+import pytest
+
+from data_gen.config import DatagenConfig
+from data_gen.fake_teacher import FakeTeacher
+from data_gen.run import run
+from data_gen.toyworld import generate_dialogue
+from datagen_helpers import mock_client
+from dimmem.consolidate import ModelConsolidator
+from dimmem.extractors import EndpointExtractor, ReplayExtractor
+from dimmem.llm import ChatModel, ModelError
+from dimmem.memory import Memory
+from dimmem.query import ModelQueryParser
+from dimmem.store import MemoryStore
+from dimmem.vector_index import VectorIndex
+
+MESSAGES = [
+    {"role": "user", "content": "I adopted a beagle called Biscuit last weekend.", "timestamp": "2024-03-04"},
+    {"role": "assistant", "content": "Congratulations! Puppy classes at Paws Academy are great."},
+    {"role": "user", "content": "I work as a nurse at the city hospital."},
+    {"role": "assistant", "content": "That sounds demanding. Make sure to rest."},
+]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from dimmem.embed import Embedder
+
+    return Embedder()
+
+
+def served(fake: FakeTeacher, **kwargs) -> ChatModel:
+    return ChatModel("http://fake.test/v1", "extractor", http_client=mock_client(fake, sync=True), max_retries=0, **kwargs)
+
+
+def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(embedder, tmp_path):
+    fake = FakeTeacher()
+    memory = Memory(tmp_path / "m.sqlite", embedder=embedder, extractor=EndpointExtractor(served(fake)), window=2, overlap=1)
+    result = memory.add(MESSAGES, user_id="ann", conversation_id="chat-1")
+    assert result.windows == 3 and not result.failed and not result.rejected
+    # the fake extracts each window's first new turn; pointers come back as the conversation's turn ids
+    stored = memory.store.records("ann")
+    assert [r["source_turns"] for r in stored] == [["S1:1"], ["S1:3"], ["S1:4"]]
+    assert all(r["conversation_id"] == "chat-1" and r["session_time"] == "2024-03-04" for r in stored)
+    body = fake.bodies[0]  # the request the served model got: strict schema, thinking off, greedy
+    assert body["response_format"]["json_schema"]["strict"] is True
+    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["temperature"] == 0.0
+    assert memory.search("Biscuit the beagle", user_id="ann", k=1).hits[0].record["source_turns"] == ["S1:1"]
+    again = memory.add(MESSAGES, user_id="ann", conversation_id="chat-1")  # idempotent: nothing doubles
+    assert {e["action"] for e in again.events} == {"UNCHANGED"} and memory.store.count("ann") == 3
+
+
+def test_bad_windows_cost_only_themselves(embedder):
+    first_new = {"overlap": "t2 user: I work as a nurse", "nonjson": "t2 assistant: That sounds demanding"}
+    fake = FakeTeacher({first_new["overlap"]: ["overlap"], first_new["nonjson"]: ["nonjson"]})
+    memory = Memory(embedder=embedder, extractor=EndpointExtractor(served(fake, attempts=1)), window=2, overlap=1)
+    result = memory.add(MESSAGES, user_id="ann")
+    assert [r["source_turns"] for r in memory.store.records("ann")] == [["S1:1"]]
+    assert all(r.startswith(f"{result.conversation_id}/w0001: memories[0]") for r in result.rejected)
+    assert any("[source_turns_overlap]" in r for r in result.rejected)
+    assert list(result.failed) == [f"{result.conversation_id}/w0002"] and "not JSON" in next(iter(result.failed.values()))
+    assert memory.stats["rejected_memories"] == 1 and memory.stats["failed_windows"] == 1
+
+
+def test_model_client_doubles_a_truncated_budget_and_reports_what_failed():
+    fake = FakeTeacher({"t1 user: I adopted": ["truncated", "ok"]})
+    model = served(fake, max_tokens=100, max_tokens_cap=400)
+    from dimmem.prompts import extract_messages
+    from dimmem.windows import make_windows
+    from dimmem.loaders._fields import Record
+    from dimmem.loaders.chat_jsonl import conversation_from_messages
+
+    window = make_windows(conversation_from_messages({"messages": MESSAGES}, Record("m", 1), "c"), 4, 0)[0]
+    answer = model.complete("extract", extract_messages(window))
+    assert answer["memories"][0]["source_turns"] == ["t1"]
+    assert [b["max_tokens"] for b in fake.bodies] == [100, 200]
+    with pytest.raises(ModelError, match="still cut at max_tokens=400"):
+        served(FakeTeacher({"t1 user": ["truncated"]}), max_tokens=100, max_tokens_cap=400).complete(
+            "extract", extract_messages(window))
+    with pytest.raises(ModelError, match="refused the request \\(401\\)"):
+        ChatModel("http://fake.test/v1", "m", http_client=_status_client(401), max_retries=0).complete("extract", [])
+    with pytest.raises(ModelError, match="unavailable"):
+        ChatModel("http://127.0.0.1:9/v1", "m", max_retries=0, timeout=2).complete("extract", [])
+
+
+def _status_client(status: int):
+    import httpx2
+
+    return httpx2.Client(transport=httpx2.MockTransport(
+        lambda request: httpx2.Response(status, json={"error": {"message": "bad key", "type": "auth"}})))
+
+
+def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_down():
+    down = ChatModel("http://127.0.0.1:9/v1", "m", max_retries=0, timeout=2)
+    parser = ModelQueryParser(down)
+    assert parser("What did Ann do in May 2023?", "2023-06-01")["time"] == "2023-05"
+    assert parser.stats == {"unavailable": 1}
+    up = ModelQueryParser(served(FakeTeacher()))
+    assert up("anything", "2023-06-01")["keywords"] == ["question"] and up.stats == {"model": 1}
+    new = {"source_turns": ["D2:1"], "speaker": "Ann", "content": "Ann lives in Porto.", "type": "fact", "time": None,
+           "location": "Porto", "reason": None, "purpose": None, "keywords": ["Ann", "home"]}
+    old = {**new, "source_turns": ["D1:1"], "content": "Ann lives in Lisbon.", "location": "Lisbon"}
+    assert ModelConsolidator(down)(new, old, 0.9)["action"] == "SUPERSEDE"  # the rule for facts
+    assert ModelConsolidator(served(FakeTeacher()))(new, old, 0.9) == {"action": "KEEP_BOTH", "memory": None}
+
+
+def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path):
+    run(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 2, "sessions": 2}, "out": str(tmp_path / "d"),
+                                      "windows": {"window": 10, "overlap": 2, "max_tokens": None}, "teacher": {"kind": "oracle"},
+                                      "tasks": {"parse_query": False, "consolidate": False}}), show_progress=False)
+    labels = tmp_path / "d" / "labels.jsonl"
+    expected = {m["id"] for line in labels.read_text().splitlines() if (row := json.loads(line))["conversation_id"] == "toy-0001"
+                for m in row["memories"]}
+    memory = Memory(embedder=embedder, extractor=ReplayExtractor(labels), window=10, overlap=2)
+    result = memory.add(generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
+    assert not result.failed and not result.rejected
+    assert {e["id"] for e in result.events} == expected  # every labelled record, under its labelled id
+    missing = Memory(embedder=embedder, extractor=ReplayExtractor(labels), window=7, overlap=2).add(
+        generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
+    assert missing.failed and all("no stored answer" in why for why in missing.failed.values())
+
+
+def test_vector_index_follows_appends_removals_and_other_writers(embedder, tmp_path):
+    a = Memory(tmp_path / "v.sqlite", embedder=embedder)
+    b = Memory(tmp_path / "v.sqlite", embedder=embedder)  # a second writer on the same file
+    a.add(MESSAGES, user_id="ann", conversation_id="c1")
+    query = embedder.encode(["beagle puppy"])[0]
+    assert a.vectors.search("ann", query, 1)[0][0] == "c1/w0000#m1"
+    b.add([{"role": "user", "content": "My beagle puppy Biscuit chewed my beagle puppy toy."}], user_id="ann", conversation_id="c2")
+    chewed = embedder.encode(["the puppy chewed a toy"])[0]
+    assert a.vectors.search("ann", chewed, 1)[0][0] == "c2/w0000#m1"  # appended by the other writer
+    b.delete("c2/w0000#m1", user_id="ann")
+    assert "c2/w0000#m1" not in dict(a.vectors.search("ann", chewed, 10))  # a removal reloads
+    assert a.vectors.search("bob", query, 10) == []
+
+
+def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):
+    rng = np.random.default_rng(0)
+    store = MemoryStore(tmp_path / "ann.sqlite")
+    centers = rng.normal(size=(20, 16)).astype(np.float32)
+    vectors = centers[rng.integers(0, 20, 2000)] + 0.1 * rng.normal(size=(2000, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    with store.transaction():
+        for i, v in enumerate(vectors):
+            store.insert("u", {"id": f"r{i}", "source_turns": ["t"], "speaker": "A", "content": "x", "type": "fact", "time": None,
+                               "location": None, "reason": None, "purpose": None, "keywords": ["k"]}, v)
+    exact, ann = VectorIndex(store), VectorIndex(store, ann_min_records=1)
+    overlap = [len({r for r, _ in exact.search("u", q, 10)} & {r for r, _ in ann.search("u", q, 10)}) / 10 for q in vectors[:50]]
+    assert np.mean(overlap) >= 0.95
+    assert exact.search("u", vectors[7], 1)[0][0] == ann.search("u", vectors[7], 1)[0][0] == "r7"
+
+
+def test_memory_config_builds_the_runtime_and_names_what_is_missing(tmp_path):
+    from dimmem.memory_config import load_memory_config
+
+    config = tmp_path / "m.yaml"
+    config.write_text(f"store: {tmp_path / 'm.sqlite'}\nretrieval: {{depth: 7, weights: {{bm25: 1, dense: 1, dimension: 0.5}}}}\n")
+    memory = Memory.from_config(config)
+    assert memory.depth == 7 and memory.weights["dimension"] == 0.5 and type(memory.extractor).__name__ == "TurnExtractor"
+    config.write_text("extractor: model\n")
+    with pytest.raises(ValueError, match="needs a `model:` section"):
+        load_memory_config(config)
+    config.write_text("extractor: replay\n")
+    with pytest.raises(ValueError, match="needs `labels:`"):
+        load_memory_config(config)
+    config.write_text("retrieval: {depth: many}\n")
+    with pytest.raises(ValueError, match="retrieval.depth"):
+        load_memory_config(config)
