@@ -88,14 +88,26 @@ def _export_parser(sub) -> None:
 
 
 def _memory_parser(sub) -> None:
-    p = sub.add_parser("memory", help="the memory runtime: load extracted records, search them")
+    p = sub.add_parser("memory", help="the memory runtime: add conversations, load extracted records, search")
     msub = p.add_subparsers(dest="memory_command", required=True)
+
+    def common(q, store_required=False):
+        q.add_argument("--config", default=str(CONFIG_DIR / "memory" / "default.yaml"), help="runtime YAML (configs/memory/)")
+        q.add_argument("--store", required=store_required, help="SQLite file (overrides the config's)")
+
+    add = msub.add_parser("add", help="extract and store conversations (the config's extractor), each as its own user")
+    common(add)
+    add.add_argument("--format", required=True, help="a dimmem loader format: locomo, longmemeval, chat_jsonl, memorybank")
+    add.add_argument("--input", required=True)
+    add.add_argument("--user", help="one user for all conversations (default: each conversation's id)")
+    add.add_argument("--limit", type=int, help="at most this many conversations")
+    add.set_defaults(handler=run_memory_add)
     load = msub.add_parser("load", help="add a datagen labels.jsonl (each conversation as its own user)")
+    common(load, store_required=True)
     load.add_argument("--labels", required=True)
-    load.add_argument("--store", required=True, help="SQLite file")
     load.set_defaults(handler=run_memory_load)
     search = msub.add_parser("search", help="search one user's memories, showing what each path found")
-    search.add_argument("--store", required=True)
+    common(search, store_required=True)
     search.add_argument("--user", required=True)
     search.add_argument("--k", type=int, default=5)
     search.add_argument("--reference-date", help="resolves relative times in the query (ISO date)")
@@ -103,26 +115,52 @@ def _memory_parser(sub) -> None:
     search.set_defaults(handler=run_memory_search)
 
 
-def run_memory_load(args) -> int:
-    from dimmem.memory import Memory, label_memories
+def _runtime(args):
+    from dimmem.memory import Memory
 
-    memory = Memory(args.store)
+    return Memory.from_config(args.config, store=args.store)
+
+
+def _print_update_stats(memory) -> None:
+    stats = memory.stats
+    saved = 1 - stats["embedding_comparisons"] / max(stats["baseline_comparisons"], 1)
+    print(f"{stats['KEEP_BOTH']} kept, {stats['SUPERSEDE']} superseded an older record, {stats['MERGE']} merged; "
+          f"embedding comparisons {stats['embedding_comparisons']} vs {stats['baseline_comparisons']} comparing with "
+          f"every stored record ({saved:.0%} fewer)")
+
+
+def run_memory_add(args) -> int:
+    from dimmem.loaders import load_conversations
+
+    conversations = load_conversations(args.format, args.input)[:args.limit]
+    memory = _runtime(args)
+    stored = 0
+    for conv in tqdm(conversations, desc="adding", unit="conv", disable=None):
+        result = memory.add(conv, user_id=args.user or conv.id)
+        stored += sum(e["action"] != "UNCHANGED" for e in result.events)
+        for why in [*result.failed.values(), *result.rejected]:
+            print(f"  skipped {why}", file=sys.stderr)
+    print(f"{len(conversations)} conversations, {memory.stats['windows']} windows, {stored} records into {memory.store.path}; "
+          f"{memory.stats['failed_windows']} windows without an answer, {memory.stats['rejected_memories']} memories "
+          "refused by the validator")
+    _print_update_stats(memory)
+    return 0
+
+
+def run_memory_load(args) -> int:
+    from dimmem.memory import label_memories
+
+    memory = _runtime(args)
     by_user = label_memories(args.labels)
     for user, records in tqdm(by_user.items(), desc="loading", unit="user", disable=None):
         memory.add_records(records, user_id=user)
-    stats = memory.stats
-    saved = 1 - stats["embedding_comparisons"] / max(stats["baseline_comparisons"], 1)
-    print(f"{sum(map(len, by_user.values()))} records for {len(by_user)} users into {args.store}: "
-          f"{stats['KEEP_BOTH']} kept, {stats['SUPERSEDE']} superseded an older record, {stats['MERGE']} merged")
-    print(f"embedding comparisons {stats['embedding_comparisons']} vs {stats['baseline_comparisons']} comparing with "
-          f"every stored record ({saved:.0%} fewer)")
+    print(f"{sum(map(len, by_user.values()))} records for {len(by_user)} users into {memory.store.path}")
+    _print_update_stats(memory)
     return 0
 
 
 def run_memory_search(args) -> int:
-    from dimmem.memory import Memory
-
-    result = Memory(args.store).search(" ".join(args.query), user_id=args.user, k=args.k, reference_date=args.reference_date)
+    result = _runtime(args).search(" ".join(args.query), user_id=args.user, k=args.k, reference_date=args.reference_date)
     q = result.query
     print(f"query: {' '.join(args.query)!r}  types={q['target_types']} time={q['time']} keywords={q['keywords']}")
     for i, hit in enumerate(result.hits, start=1):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dimmem.query import content_words
+from dimmem.records import MEMORY_TYPES
 from dimmem.store import MemoryStore
 from dimmem.timespan import overlaps, parse_span
 
@@ -31,17 +33,18 @@ def dimension_score(record: dict, query: dict) -> float:
         score += 1.0
     wanted = {k.casefold() for k in query.get("keywords", [])}
     if wanted:
-        have = {k.casefold() for k in record["keywords"]} | set((record["content"] or "").casefold().split())
+        have = {k.casefold() for k in record["keywords"]} | {w.casefold() for w in content_words(record["content"])}
         score += len(wanted & have) / len(wanted)
     return score
 
 
 def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
     """Candidates by index (most shared keywords, overlapping time), ranked by dimension score. Each
-    lookup is bounded (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one."""
+    lookup is bounded (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one.
+    The query's types weigh in the score but do not filter: a mistyped query or record still scores."""
     ids: dict[str, None] = {}
     limit = CANDIDATES_PER_DEPTH * depth
-    for type_ in query.get("target_types") or []:
+    for type_ in MEMORY_TYPES:
         ids.update(dict.fromkeys(store.candidates(user_id, type_, query.get("keywords", []), limit)))
     if query.get("time"):
         start, end = parse_span(query["time"])

@@ -54,6 +54,7 @@ _COLUMNS = ("id", "user_id", "conversation_id", "window_id", "type", "speaker", 
 
 class MemoryStore:
     def __init__(self, path: str | Path, timeout: float = 30.0):
+        self.path = str(path)
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), isolation_level=None, timeout=timeout, check_same_thread=False)

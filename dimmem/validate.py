@@ -81,6 +81,17 @@ class TurnScope:
     speakers: dict[str, str]
     new: frozenset[str]
 
+    def to_json(self) -> str:
+        """As stored with a dataset row, so an evaluation can check answers against the same scope."""
+        return json.dumps({"speakers": self.speakers, "new": sorted(self.new)}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> "TurnScope | None":
+        if not text:
+            return None
+        obj = json.loads(text)
+        return cls(obj["speakers"], frozenset(obj["new"]))
+
 
 def parse_json(output: str | dict) -> tuple[dict | None, list[Issue]]:
     if isinstance(output, dict):
