@@ -29,6 +29,10 @@ demo: install
 	# LoRA SFT of a tiny random Qwen3 on that dataset (CPU), then merge and export it
 	$(BIN)/dimmem train --config configs/train/tiny.yaml
 	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge
+	# what training taught: the untrained and the trained tiny model on held-out toy windows (unconstrained)
+	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/tiny-base --max-tokens 768 --out $(RUNS)/eval-untrained
+	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/export-tiny --max-tokens 768 --out $(RUNS)/eval-trained
+	$(BIN)/dimmem eval compare $(RUNS)/eval-untrained $(RUNS)/eval-trained
 	# load the toy labels into the memory runtime and ask it two questions
 	rm -f $(RUNS)/memory.sqlite*
 	$(BIN)/dimmem memory load --labels $(RUNS)/datagen/labels.jsonl --store $(RUNS)/memory.sqlite

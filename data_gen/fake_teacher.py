@@ -1,7 +1,7 @@
 """A local OpenAI-compatible teacher for tests, benchmarks and dry runs: no model, scripted behaviour.
 
 It answers chat completions with a schema-valid answer built from the prompt (extract: one memory from
-the first new turn), after a fixed latency, and can be scripted to misbehave for requests whose user
+the first new turn; free text without response_format: see `text_answer`), after a fixed latency, and can be scripted to misbehave for requests whose user
 message contains a marker: `{"toy-0003": ["429", "500", "ok"]}` makes the 1st such request a 429, the
 2nd a 500 and every later one succeed. Behaviours: ok, 429, 500, timeout, nonjson, schema, overlap,
 truncated. It also implements the Batch API endpoints (files, batches) over the same logic.
@@ -58,7 +58,8 @@ class FakeTeacher:
             return 429, {"retry-after": "0.2"}, {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}
         if behaviour == "500":
             return 500, {}, {"error": {"message": "The server had an error", "type": "server_error"}}
-        content, finish = json.dumps(self.answer(body, behaviour)), "stop"
+        value = self.answer(body, behaviour)
+        content, finish = value if isinstance(value, str) else json.dumps(value), "stop"
         if behaviour == "nonjson":
             content = "Sure! Here are the memories I found in this conversation."
         elif behaviour == "truncated":
@@ -69,7 +70,9 @@ class FakeTeacher:
                          "model": body.get("model", "fake"), "usage": usage,
                          "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}]}
 
-    def answer(self, body: dict, behaviour: str) -> dict:
+    def answer(self, body: dict, behaviour: str) -> dict | str:
+        if "response_format" not in body:
+            return self.text_answer(body["messages"][-1]["content"])
         name = body.get("response_format", {}).get("json_schema", {}).get("name", "")
         prompt = body["messages"][1]["content"]
         if "parse_query" in name or prompt.startswith("Reference date:"):
@@ -88,6 +91,17 @@ class FakeTeacher:
         elif behaviour == "overlap":
             memory["source_turns"] = ["t1"]
         return {"memories": [memory]}
+
+    @staticmethod
+    def text_answer(prompt: str) -> str:
+        """Free-text chat (no response_format), as memory QA uses it: a judge prompt is graded CORRECT when
+        every word of the gold answer is in the generated one; an answer prompt gets its first memory."""
+        if gold := re.search(r"^Gold answer: (.*)$", prompt, re.MULTILINE):
+            given = re.search(r"^Generated answer: (.*)$", prompt, re.MULTILINE).group(1)
+            words = lambda text: set(re.findall(r"\w+", text.lower()))  # noqa: E731
+            return "CORRECT" if words(gold.group(1)) <= words(given) else "WRONG"
+        memories = re.findall(r"^- \[[^\]]*\] (.+)$", prompt, re.MULTILINE)
+        return memories[0] if memories else "I don't know"
 
     async def chat(self, body: dict) -> tuple[int, dict, dict]:
         behaviour = self.behaviour(body)

@@ -30,6 +30,14 @@ class Reply:
     completion_tokens: int
 
 
+@dataclass
+class RawReply:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
 class ChatModel:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, constrained: bool = True,
                  temperature: float = 0.0, max_tokens: int = 1024, max_tokens_cap: int = 4096, timeout: float = 120.0,
@@ -44,25 +52,28 @@ class ChatModel:
     def complete(self, task: str, messages: list[dict], max_tokens: int | None = None) -> dict:
         return self.reply(task, messages, max_tokens).value
 
+    def raw(self, task: str | None, messages: list[dict], max_tokens: int | None = None) -> RawReply:
+        """One request, the answer as the model gave it (what evaluation scores); `task` None: free text."""
+        try:
+            response = self.client.chat.completions.create(
+                model=self.model, messages=messages, temperature=self.temperature, max_tokens=max_tokens or self.max_tokens,
+                response_format=response_format(task) if self.constrained and task else openai.NOT_GIVEN,
+                extra_body=self.extra_body)
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError) as exc:
+            raise ModelError(f"{task}: {self.client.base_url} unavailable after {self.client.max_retries} retries: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        except openai.APIStatusError as exc:  # 400/401/404/422: asking again will not help
+            raise ModelError(f"{task}: {self.client.base_url} refused the request ({exc.status_code}): {exc.message}") from exc
+        choice, usage = response.choices[0], response.usage
+        return RawReply(choice.message.content or "", choice.finish_reason, usage.prompt_tokens if usage else 0,
+                        usage.completion_tokens if usage else 0)
+
     def reply(self, task: str, messages: list[dict], max_tokens: int | None = None) -> Reply:
         budget, problems = max_tokens or self.max_tokens, []
         attempts = 0
         while attempts < self.attempts:
-            try:
-                response = self.client.chat.completions.create(
-                    model=self.model, messages=messages, temperature=self.temperature, max_tokens=budget,
-                    response_format=response_format(task) if self.constrained else openai.NOT_GIVEN,
-                    extra_body=self.extra_body)
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
-                    openai.InternalServerError) as exc:
-                raise ModelError(f"{task}: {self.client.base_url} unavailable after {self.client.max_retries} retries: "
-                                 f"{type(exc).__name__}: {exc}") from exc
-            except openai.APIStatusError as exc:  # 400/401/404/422: asking again will not help
-                raise ModelError(f"{task}: {self.client.base_url} refused the request "
-                                 f"({exc.status_code}): {exc.message}") from exc
-            choice = response.choices[0]
-            usage = response.usage
-            if choice.finish_reason == "length":
+            raw = self.raw(task, messages, budget)
+            if raw.finish_reason == "length":
                 if budget >= self.max_tokens_cap:
                     raise ModelError(f"{task}: answer still cut at max_tokens={budget} (the cap); "
                                      f"raise max_tokens_cap or shorten the window")
@@ -70,12 +81,12 @@ class ChatModel:
                 continue
             attempts += 1
             try:
-                value = json.loads(choice.message.content or "")
+                value = json.loads(raw.text)
             except json.JSONDecodeError as exc:
                 problems.append(f"not JSON ({exc.msg} at char {exc.pos})")
                 continue
             if not isinstance(value, dict):
                 problems.append(f"JSON {type(value).__name__}, expected an object")
                 continue
-            return Reply(value, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+            return Reply(value, raw.prompt_tokens, raw.completion_tokens)
         raise ModelError(f"{task}: no usable answer in {self.attempts} attempts: " + "; ".join(problems))

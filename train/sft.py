@@ -38,9 +38,9 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
     model_path = model_args.model_name_or_path
     if dimmem_args.tiny_base is not None:
         with state.main_process_first():  # one process builds it, the others wait and load it
-            if not Path(model_path, "config.json").exists():
-                from train.tiny import build_tiny_base
+            from train.tiny import build_tiny_base, is_built
 
+            if not is_built(model_path, sft_args.seed, **dimmem_args.tiny_base):
                 build_tiny_base(model_path, dataset_folder(dimmem_args.dataset_path), seed=sft_args.seed,
                                 **dimmem_args.tiny_base)
     missing = sorted(set(QWEN3_LINEAR) - set(model_args.lora_target_modules or []))

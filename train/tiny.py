@@ -6,6 +6,7 @@ tokens instead of 151k and the output layer stops dominating CPU training.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -13,6 +14,9 @@ from datasets import load_from_disk
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dimmem.tokens import load_tokenizer
+
+
+SPEC_FILE = "dimmem_tiny_base.json"
 
 
 def build_tiny_base(out: str | Path, dataset_path: str | Path, tokenizer: str, seed: int = 0, vocab_size: int = 1000,
@@ -41,4 +45,18 @@ def build_tiny_base(out: str | Path, dataset_path: str | Path, tokenizer: str, s
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    spec = {"tokenizer": tokenizer, "seed": seed, "vocab_size": vocab_size, "hidden_size": hidden_size,
+            "num_hidden_layers": num_hidden_layers, "num_attention_heads": num_attention_heads,
+            "num_key_value_heads": num_key_value_heads, "head_dim": head_dim, "intermediate_size": intermediate_size,
+            "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": tie_word_embeddings}
+    (out / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
     return out
+
+
+def is_built(out: str | Path, seed: int, **spec) -> bool:
+    """Whether `out` holds a tiny base built from this very spec (a changed config rebuilds it)."""
+    path = Path(out) / SPEC_FILE
+    if not path.exists():
+        return False
+    saved = json.loads(path.read_text())
+    return all(saved.get(k) == v for k, v in {"seed": seed, **spec}.items())

@@ -1,0 +1,201 @@
+"""Extraction metrics on crafted prediction/reference pairs with known answers, and the eval commands
+end to end on a data_gen dataset (offline predictions, a real endpoint client, a local HF model)."""
+import json
+
+import pytest
+
+from dimmem.validate import TurnScope
+from eval.metrics import MATCH_THRESHOLD, aggregate, score_window, token_f1
+
+SCOPE = TurnScope({"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob"}, frozenset({"t3", "t4"}))
+HIKE = {"source_turns": ["t3"], "speaker": "Ann", "content": "Ann went hiking at Eagle Peak with her dog.", "type": "episodic",
+        "time": "2023-05-06", "location": "Eagle Peak", "reason": None, "purpose": "to train for a marathon",
+        "keywords": ["Ann", "hiking", "Eagle Peak"]}
+JOB = {"source_turns": ["t4"], "speaker": "Bob", "content": "Bob works as a nurse at the city hospital.", "type": "fact",
+       "time": None, "location": "city hospital", "reason": None, "purpose": None, "keywords": ["Bob", "nurse"]}
+REFERENCE = json.dumps({"memories": [HIKE, JOB]})
+
+
+def answer(*memories) -> str:
+    return json.dumps({"memories": list(memories)})
+
+
+def run(output, reference=REFERENCE, finish_reason="stop"):
+    return aggregate([score_window(output, reference, SCOPE, finish_reason)])
+
+
+def test_predictions_equal_to_references_score_one_everywhere():
+    m = run(REFERENCE)
+    numbers = {k: v for k, v in m.items() if isinstance(v, float) and k not in ("truncation_rate", "headline")}
+    assert numbers and all(v == 1.0 for v in numbers.values()), {k: v for k, v in numbers.items() if v != 1.0}
+    assert m["headline"] == 100.0 and m["truncation_rate"] == 0.0 and m["rule_violation_rate"] == {}
+    assert m["reason_f1"] is None  # no matched pair has a reason on both sides: not applicable, not zero
+    assert m["type_confusion"]["episodic"]["episodic"] == 1 and m["type_confusion"]["fact"]["fact"] == 1
+
+
+def test_missing_and_extra_records_move_recall_and_precision():
+    missing = run(answer(HIKE))
+    assert (missing["memory_precision"], missing["memory_recall"]) == (1.0, 0.5)
+    assert missing["memory_f1"] == pytest.approx(2 / 3) and missing["type_accuracy"] == 1.0
+    extra = {**JOB, "content": "Bob has a red bicycle he rides on Sundays.", "keywords": ["Bob", "bicycle"]}
+    over = run(answer(HIKE, JOB, extra))
+    assert (over["memory_precision"], over["memory_recall"]) == (pytest.approx(2 / 3), 1.0)
+    assert run(answer())["memory_f1"] == 0.0 and run(answer())["parse_rate"] == 1.0
+    empty = run(answer(), reference=answer())  # nothing to find and nothing found: perfect
+    assert empty["memory_f1"] == 1.0 and empty["headline"] == pytest.approx(60.0)  # no pair to score fields on
+
+
+def test_wrong_type_and_wrong_date_are_scored_on_the_matched_pair():
+    m = run(answer({**HIKE, "type": "fact"}, JOB))
+    assert m["memory_f1"] == 1.0 and m["type_accuracy"] == 0.5 and m["type_confusion"]["episodic"]["fact"] == 1
+    near = run(answer({**HIKE, "time": "2023-05"}, JOB))  # coarser, still overlapping
+    assert near["time_exact"] == 0.5 and near["time_overlap"] == 1.0
+    far = run(answer({**HIKE, "time": "2022-01-01"}, JOB))
+    assert far["time_exact"] == 0.5 and far["time_overlap"] == 0.5
+
+
+def test_swapped_fields_lose_field_scores_not_the_match():
+    swapped = {**HIKE, "location": HIKE["purpose"], "purpose": HIKE["location"], "keywords": ["Eagle Peak", "dog"],
+               "source_turns": ["t3", "t4"]}
+    m = run(answer(swapped, JOB))
+    assert m["memory_f1"] == 1.0
+    assert m["location_f1"] == pytest.approx((0.0 + 1.0) / 2)  # the hike's location is wrong, the job's right
+    assert m["purpose_f1"] == 0.0 and m["keyword_f1"] < 1.0 and m["source_jaccard"] == pytest.approx((0.5 + 1.0) / 2)
+    assert m["headline"] < run(REFERENCE)["headline"]
+
+
+def test_invalid_json_and_truncated_output():
+    bad = run("Sure! Here are the memories: ...")
+    assert bad["parse_rate"] == 0.0 and bad["schema_valid_rate"] == 0.0 and bad["memory_f1"] == 0.0
+    assert bad["rule_violation_rate"] == {"json": 1.0} and bad["headline"] == 0.0
+    cut = run(REFERENCE[: len(REFERENCE) // 2], finish_reason="length")
+    assert cut["truncation_rate"] == 1.0 and cut["parse_rate"] == 0.0
+    fenced = run("```json\n" + REFERENCE + "\n```")  # a harmless habit: still parses
+    assert fenced["parse_rate"] == 1.0 and fenced["memory_f1"] == 1.0
+
+
+def test_rule_violations_are_counted_per_rule():
+    overlap = {**JOB, "source_turns": ["t2"]}  # context turn, and spoken by Bob: only the overlap rule
+    no_keywords = {**HIKE}
+    del no_keywords["keywords"]
+    m = run(answer(no_keywords, overlap))
+    assert m["schema_valid_rate"] == 0.0 and m["parse_rate"] == 1.0
+    assert set(m["rule_violation_rate"]) == {"schema", "source_turns_overlap"}
+    assert m["memory_f1"] == 1.0  # a schema slip in one field still lets the record be matched and scored
+
+
+def test_match_threshold_is_on_content_token_f1():
+    paraphrase = {**HIKE, "content": "Ann hiked Eagle Peak."}
+    assert token_f1(paraphrase["content"], HIKE["content"]) < MATCH_THRESHOLD
+    assert run(answer(paraphrase, JOB))["memory_recall"] == 0.5
+
+
+@pytest.fixture(scope="module")
+def toy_dataset(tmp_path_factory):
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run as datagen
+
+    out = tmp_path_factory.mktemp("toy")
+    datagen(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 10, "sessions": 2}, "out": str(out),
+                                          "windows": {"window": 10, "overlap": 2, "max_tokens": None},
+                                          "teacher": {"kind": "oracle"}, "tasks": {"parse_query": False, "consolidate": False},
+                                          "split": {"validation": 0.1, "test": 0.2}}), show_progress=False)
+    return out
+
+
+def write_predictions(dataset, path, change=lambda answer: answer):
+    from datasets import load_from_disk
+
+    rows = [r for r in load_from_disk(str(dataset / "dataset"))["test"] if r["task"] == "extract"]
+    path.write_text("".join(json.dumps({"window_id": r["window_id"], "output": change(r["messages"][-1]["content"])}) + "\n"
+                            for r in rows))
+    return len(rows)
+
+
+def test_dataset_against_itself_is_perfect_and_compare_shows_deltas(toy_dataset, tmp_path, capsys):
+    from dimmem.cli import main
+
+    n = write_predictions(toy_dataset, tmp_path / "self.jsonl")
+    assert main(["eval", "extraction", "--references", f"{toy_dataset}:test", "--predictions", str(tmp_path / "self.jsonl"),
+                 "--out", str(tmp_path / "self")]) == 0
+    metrics = json.loads((tmp_path / "self" / "metrics.json").read_text())
+    assert metrics["windows"] == n and metrics["headline"] == 100.0
+    for key in ("parse_rate", "schema_valid_rate", "memory_f1", "type_accuracy", "time_exact", "keyword_f1"):
+        assert metrics[key] == 1.0, key
+    assert {p.name for p in (tmp_path / "self").iterdir()} >= {"metrics.json", "report.md", "fields.png", "confusion.png",
+                                                              "windows.jsonl", "predictions.jsonl"}
+    write_predictions(toy_dataset, tmp_path / "half.jsonl", lambda a: a if len(a) % 2 else "not json")
+    assert main(["eval", "extraction", "--references", str(toy_dataset), "--predictions", str(tmp_path / "half.jsonl"),
+                 "--out", str(tmp_path / "half")]) == 0
+    capsys.readouterr()
+    assert main(["eval", "compare", str(tmp_path / "self"), str(tmp_path / "half")]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith("| JSON parse rate"))
+    assert row.startswith("| JSON parse rate | 1.000 | 0.") and row.rstrip(" |").split("|")[-1].strip().startswith("-0.")
+
+
+def test_endpoint_mode_caches_and_resumes(toy_dataset, tmp_path):
+    from data_gen.fake_teacher import FakeTeacher
+    from datagen_helpers import mock_client
+    from dimmem.llm import ChatModel
+    from eval.extraction import PredictionCache, evaluate, load_references, predict_endpoint
+
+    refs = load_references(f"{toy_dataset}:test")
+    fake = FakeTeacher()
+    model = ChatModel("http://fake.test/v1", "extractor", http_client=mock_client(fake, sync=True), max_retries=0)
+    cache = PredictionCache(tmp_path / "run" / "cache.sqlite")
+    first = predict_endpoint(refs[:2], model, cache, concurrency=2)
+    assert fake.requests == 2 and all(p.finish_reason == "stop" for p in first.values())
+    predictions = predict_endpoint(refs, model, cache, concurrency=4)  # a re-run sends only what is not stored
+    assert fake.requests == len(refs) and sum(p.cached for p in predictions.values()) == 2
+    metrics = evaluate(refs, predictions, tmp_path / "run", {"source": "endpoint"}, wall_seconds=1.0)
+    assert metrics["parse_rate"] == 1.0 and metrics["memory_recall"] < 1.0  # the fake gives one memory per window
+    assert metrics["generated_windows"] == len(refs) - 2 and metrics["output_tokens_per_window"] > 0
+
+
+@pytest.mark.slow
+def test_hf_model_mode_generates_with_the_chat_template(toy_dataset, tmp_path):
+    from train.tiny import build_tiny_base
+
+    from dimmem.cli import main
+    from dimmem.paths import shared_data
+
+    base = build_tiny_base(tmp_path / "base", toy_dataset / "dataset", str(shared_data("qwen3-tokenizer")), vocab_size=600,
+                           hidden_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                           intermediate_size=128)
+    args = ["eval", "extraction", "--references", str(toy_dataset), "--hf-model", str(base), "--max-tokens", "16",
+            "--limit", "3", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["windows"] == 3 and metrics["parse_rate"] == 0.0  # a random model writes no JSON
+    assert 0 < metrics["output_tokens_per_window"] <= 16 and metrics["generated_windows"] == 3
+    assert main(args) == 0  # a re-run is answered from the cache
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["generated_windows"] == 0
+
+
+@pytest.mark.integration
+def test_memory_qa_end_to_end_against_a_local_server_resumes_from_its_cache(tmp_path, locomo_path, capsys):
+    from datagen_helpers import FakeServer
+    from dimmem.cli import main
+
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(json.loads(locomo_path.read_text())[:1]))
+    srv = FakeServer(tmp_path)
+    try:
+        args = ["eval", "qa", "--benchmark", "locomo", "--input", str(one), "--answer-base-url", srv.base_url,
+                "--answer-model", "answerer", "--judge-base-url", srv.base_url, "--judge-model", "judge",
+                "--limit", "12", "--k", "5", "--out", str(tmp_path / "qa")]
+        assert main(args) == 0
+        assert srv.requests() == 24  # one answer and one judgment per question
+        metrics = json.loads((tmp_path / "qa" / "metrics.json").read_text())
+        rows = [json.loads(line) for line in (tmp_path / "qa" / "answers.jsonl").read_text().splitlines()]
+        assert metrics["questions"] == len(rows) == 12 and metrics["conversations_ingested"] == 1
+        assert metrics["judge_accuracy"] == pytest.approx(sum(r["correct"] for r in rows) / 12)
+        assert all(r["judgment"] in ("CORRECT", "WRONG") and len(r["hits"]) == 5 for r in rows)
+        assert all(r["answer"] != "I don't know" for r in rows)  # the answer model saw retrieved memories
+        assert set(metrics["by_category"]) <= {"1", "2", "3", "4"} and metrics["context_words_per_query"] > 0
+        assert "| all | 12 |" in capsys.readouterr().out
+        assert main(args) == 0  # re-run: store and cache answer everything
+        assert srv.requests() == 24 and json.loads((tmp_path / "qa" / "metrics.json").read_text())["conversations_ingested"] == 0
+    finally:
+        srv.stop()
