@@ -3,15 +3,16 @@ location, keywords), fused by reciprocal rank fusion. A query that states a time
 time overlaps it above records dated elsewhere; each hit keeps its rank and score on every path."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from dimmem.query import content_words
 from dimmem.records import MEMORY_TYPES
 from dimmem.store import MemoryStore
 from dimmem.timespan import overlaps, parse_span
 
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
-CANDIDATES_PER_DEPTH = 10
+CANDIDATES_PER_DEPTH = 4
+_WORD = re.compile(r"[^\W_]+")  # word tokens of content, matched against the query's keywords
 
 
 @dataclass
@@ -33,7 +34,7 @@ def dimension_score(record: dict, query: dict) -> float:
         score += 1.0
     wanted = {k.casefold() for k in query.get("keywords", [])}
     if wanted:
-        have = {k.casefold() for k in record["keywords"]} | {w.casefold() for w in content_words(record["content"])}
+        have = {k.casefold() for k in record["keywords"]} | set(_WORD.findall(record["content"].casefold()))
         score += len(wanted & have) / len(wanted)
     return score
 
@@ -44,8 +45,7 @@ def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) ->
     The query's types weigh in the score but do not filter: a mistyped query or record still scores."""
     ids: dict[str, None] = {}
     limit = CANDIDATES_PER_DEPTH * depth
-    for type_ in MEMORY_TYPES:
-        ids.update(dict.fromkeys(store.candidates(user_id, type_, query.get("keywords", []), limit)))
+    ids.update(dict.fromkeys(store.candidates(user_id, list(MEMORY_TYPES), query.get("keywords", []), limit)))
     if query.get("time"):
         start, end = parse_span(query["time"])
         ids.update(dict.fromkeys(store.records_in_span(user_id, start.isoformat(), end.isoformat(), limit)))

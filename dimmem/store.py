@@ -174,16 +174,17 @@ class MemoryStore:
                                "ORDER BY version", (record_id, user_id))
         return [{"version": v, "action": a, "at": at, "record": json.loads(s)} for v, a, s, at in rows]
 
-    def candidates(self, user_id: str, type_: str, keywords: list[str], limit: int = -1) -> list[str]:
-        """Active records of the same type sharing a keyword, most shared first: an index lookup, never a
+    def candidates(self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1) -> list[str]:
+        """Active records of the type(s) sharing a keyword, most shared first: an index lookup, never a
         scan of all pairs (`limit` -1: all)."""
         keys = sorted({k.casefold() for k in keywords})
-        if not keys:
+        types = [types] if isinstance(types, str) else list(types)
+        if not keys or not types:
             return []
-        marks = ",".join("?" * len(keys))
         rows = self.db.execute(
-            f"SELECT record_id, COUNT(*) AS shared FROM record_keywords WHERE user_id=? AND type=? AND keyword IN ({marks}) "
-            "GROUP BY record_id ORDER BY shared DESC, record_id LIMIT ?", (user_id, type_, *keys, limit))
+            f"SELECT record_id, COUNT(*) AS shared FROM record_keywords WHERE user_id=? AND type IN ({','.join('?' * len(types))}) "
+            f"AND keyword IN ({','.join('?' * len(keys))}) GROUP BY record_id ORDER BY shared DESC, record_id LIMIT ?",
+            (user_id, *types, *keys, limit))
         return [r[0] for r in rows]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:

@@ -28,7 +28,7 @@ RANKINGS = ("bm25", "dense", "dimension", "bm25+dense", "fused", "bm25+dense_fit
 PATHS = ("bm25", "dense", "dimension")
 # Weighted-RRF grid (bm25's weight fixed at 1: scaling every weight leaves the order unchanged).
 WEIGHT_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
-FIT_METRIC = "recall@10"
+FIT_AT = 10  # weights are fitted on recall at this cut-off (the largest requested one when 10 is not)
 
 
 def turn_records(conv: Conversation) -> list[dict]:
@@ -67,10 +67,12 @@ def score_ranking(ranked: list[str], sources: dict[str, list[str]], evidence: se
 
 
 def fit_weights(samples: list[dict], ks: list[int], dimension: bool = True) -> dict[str, float]:
-    """The grid's weights that maximise mean FIT_METRIC of weighted RRF on the samples (with the
+    """The grid's weights that maximise mean recall@FIT_AT of weighted RRF on the samples (with the
     dimension path's weight held at 0 unless `dimension`)."""
+    metric = f"recall@{FIT_AT if FIT_AT in ks else max(ks)}"
+
     def score(weights):
-        return np.mean([score_ranking([rid for rid, _, _ in rrf(s["paths"], weights)], s["sources"], s["evidence"], ks)[FIT_METRIC]
+        return np.mean([score_ranking([rid for rid, _, _ in rrf(s["paths"], weights)], s["sources"], s["evidence"], ks)[metric]
                         for s in samples])
     grid = [{"bm25": 1.0, "dense": d, "dimension": m} for d in WEIGHT_GRID for m in (WEIGHT_GRID if dimension else (0.0,))]
     return max(grid, key=lambda w: (score(w), -abs(w["dense"] - 1) - abs(w["dimension"] - 1)))  # ties: nearest plain RRF

@@ -171,3 +171,44 @@ def test_memory_config_builds_the_runtime_and_names_what_is_missing(tmp_path):
     config.write_text("retrieval: {depth: many}\n")
     with pytest.raises(ValueError, match="retrieval.depth"):
         load_memory_config(config)
+
+
+def test_memory_add_command_extracts_a_chat_file_and_search_finds_it(tmp_path, capsys):
+    from pathlib import Path
+
+    from dimmem.cli import main
+
+    chats = Path(__file__).parent / "fixtures" / "chats.jsonl"
+    store = str(tmp_path / "m.sqlite")
+    assert main(["memory", "add", "--format", "chat_jsonl", "--input", str(chats), "--store", store]) == 0
+    out = capsys.readouterr().out
+    assert "2 conversations" in out and "0 windows without an answer" in out
+    assert main(["memory", "search", "--store", store, "--user", "chat-1", "--k", "1", "where", "does", "Ann", "live"]) == 0
+    assert "Lisbon" in capsys.readouterr().out.splitlines()[1]
+
+
+def test_weighted_fusion_and_fitted_weights_on_crafted_rankings():
+    from eval.retrieval import fit_weights
+    from dimmem.retrieval import rrf
+
+    paths = {"bm25": [("a", 3.0), ("b", 2.0)], "dense": [("b", 0.9), ("c", 0.8)], "dimension": [("c", 2.0)]}
+    assert [rid for rid, _, _ in rrf(paths)][0] == "b"  # on two paths
+    assert [rid for rid, _, _ in rrf(paths, {"bm25": 1.0, "dense": 0.0, "dimension": 0.0})] == ["a", "b", "c"]
+    assert rrf(paths)[0][2] == {"bm25": {"rank": 2, "score": 2.0}, "dense": {"rank": 1, "score": 0.9}}
+    # the evidence is found by the dimension path alone; plain RRF puts the other paths' agreement first
+    samples = [{"conversation": f"c{i}", "evidence": {f"t{i}"}, "sources": {"x": ["t-x"], "y": ["t-y"], "e": [f"t{i}"]},
+                "paths": {"bm25": [("x", 1.0), ("y", 0.5)], "dense": [("x", 1.0), ("y", 0.5)], "dimension": [("e", 1.0)]}}
+               for i in range(4)]
+    assert all([rid for rid, _, _ in rrf(s["paths"])][0] == "x" for s in samples)
+    weights = fit_weights(samples, [1])
+    assert weights["dimension"] > weights["dense"] and weights["dimension"] >= 1.0
+
+
+def test_a_changed_tiny_base_spec_rebuilds_the_base(tmp_path):
+    from train.tiny import SPEC_FILE, is_built
+
+    spec = {"tokenizer": "tok", "vocab_size": 600, "hidden_size": 64}
+    assert not is_built(tmp_path, 0, **spec)
+    (tmp_path / SPEC_FILE).write_text(json.dumps({**spec, "seed": 0, "num_hidden_layers": 2}))
+    assert is_built(tmp_path, 0, **spec)
+    assert not is_built(tmp_path, 0, **{**spec, "hidden_size": 128}) and not is_built(tmp_path, 1, **spec)
