@@ -1,7 +1,9 @@
 """Extraction metrics on crafted prediction/reference pairs with known answers, and the eval commands
 end to end on a data_gen dataset (offline predictions, a real endpoint client, a local HF model)."""
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dimmem.validate import TurnScope
@@ -197,5 +199,27 @@ def test_memory_qa_end_to_end_against_a_local_server_resumes_from_its_cache(tmp_
         assert "| all | 12 |" in capsys.readouterr().out
         assert main(args) == 0  # re-run: store and cache answer everything
         assert srv.requests() == 24 and json.loads((tmp_path / "qa" / "metrics.json").read_text())["conversations_ingested"] == 0
+        fixture = Path(__file__).parent / "fixtures" / "longmemeval_mini.json"
+        assert main(["eval", "qa", "--benchmark", "longmemeval", "--input", str(fixture), "--answer-base-url", srv.base_url,
+                     "--answer-model", "answerer", "--judge-base-url", srv.base_url, "--judge-model", "judge",
+                     "--out", str(tmp_path / "lme")]) == 0
+        lme = json.loads((tmp_path / "lme" / "metrics.json").read_text())
+        assert lme["questions"] == 2 and set(lme["by_category"]) == {"single-session-user", "single-session-assistant"}
     finally:
         srv.stop()
+
+
+def test_longmemeval_questions_are_judged_by_their_type():
+    from dimmem.conversation import Conversation, Turn
+    from eval.qa import bleu1, prompts, questions
+
+    turn = Turn("s1:1", "user", "user", "hi", "s1", "2023-05-20T02:21")
+    meta = {"question_type": "temporal-reasoning", "question": "How many days?", "answer": "3", "question_time": "2023-06-01"}
+    assert questions(Conversation("q1", [turn], meta), "longmemeval", set()) == [
+        {"id": "q1", "question": "How many days?", "gold": "3", "category": "temporal-reasoning", "reference": "2023-06-01"}]
+    assert questions(Conversation("q2_abs", [turn], meta), "longmemeval", set())[0]["category"] == "abstention"
+    criterion = prompts()["criteria"]["temporal-reasoning"]
+    user = prompts()["judge"].render(question="q", gold="3", answer="4", criterion=criterion)[1]["content"]
+    assert user.startswith("Extra criterion: For counts of days") and "Gold answer: 3" in user
+    assert prompts()["judge"].render(question="q", gold="3", answer="4", criterion="")[1]["content"].startswith("Question: q")
+    assert bleu1("the cat sat", "the cat sat") == 1.0 and bleu1("cat", "the cat sat") == pytest.approx(float(np.exp(1 - 2 / 1)))  # "the" is normalised away
