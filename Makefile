@@ -6,7 +6,7 @@ SHARED ?= $(abspath ../shared/data)
 BIN := $(VENV)/bin
 RUNS := runs/demo
 
-.PHONY: install demo test test-fast bench-datagen clean
+.PHONY: install demo test test-fast bench-datagen bench-retrieval bench-runtime clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,15 @@ test-fast: install
 bench-datagen: install
 	$(BIN)/python -m data_gen.bench --latency 2.0 --concurrency 1,8,64
 	$(BIN)/python -m data_gen.bench --latency 0.5 --concurrency 1,8,64
+
+bench-retrieval: install
+	for memories in turns observations; do \
+		$(BIN)/dimmem eval retrieval --input $(SHARED)/locomo/locomo10.json --memories $$memories --k 5,10,20 \
+			--out runs/bench/retrieval-$$memories.json; \
+	done
+
+bench-runtime: install
+	$(BIN)/python -m eval.bench_runtime --sizes 10000,100000,1000000 --queries 200 --out runs/bench/runtime.json
 
 clean:
 	rm -rf $(VENV) runs

@@ -31,7 +31,7 @@ from dimmem.embed import Embedder
 from dimmem.extractors import Extractor, TurnExtractor
 from dimmem.loaders._fields import Record
 from dimmem.loaders.chat_jsonl import conversation_from_messages
-from dimmem.query import content_words, parse_query_rules
+from dimmem.query import lexical_terms, parse_query_rules
 from dimmem.retrieval import Hit, dimension_path, fuse
 from dimmem.store import MemoryStore
 from dimmem.validate import memory_issues, validate
@@ -207,10 +207,7 @@ class Memory:
     def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
         """Each retrieval path's ranking on its own: [(record id, score)], best first."""
         vector = self.embedder.encode([query])[0] if query_vector is None else query_vector
-        # BM25 over the query's content words: "what", "did", "the" match most records and would make
-        # FTS5 score nearly the whole store for every query
-        terms = " ".join(content_words(query)) or query
-        return {"bm25": self.store.lexical(user_id, terms, self.depth),
+        return {"bm25": self.store.lexical(user_id, lexical_terms(query), self.depth),
                 "dense": self.vectors.search(user_id, vector, self.depth),
                 "dimension": dimension_path(self.store, user_id, parsed, self.depth)}
 

@@ -65,6 +65,12 @@ def content_words(text: str) -> list[str]:
     return list(out.values())
 
 
+def lexical_terms(query: str) -> str:
+    """What the BM25 path searches: the query's content words. "what", "did", "the" match most records
+    and would make FTS5 score nearly the whole store for every query."""
+    return " ".join(content_words(query)) or query
+
+
 def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
     """A `parse_query` answer (records.QueryParse) built by rules."""
     reference = datetime.fromisoformat(reference_date).date() if reference_date else date.today()

@@ -27,7 +27,7 @@ from dimmem.embed import Embedder
 from dimmem.loaders import load_conversations
 from dimmem.memory import Memory
 from dimmem.paths import shared_data
-from dimmem.query import content_words, parse_query_rules
+from dimmem.query import content_words, lexical_terms, parse_query_rules
 from dimmem.retrieval import dimension_path
 from dimmem.store import MemoryStore
 from dimmem.vector_index import VectorIndex
@@ -95,7 +95,7 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     result = {"records": n, "fill_records_per_s": round(n / fill_seconds), "store_bytes": size,
               "store_bytes_per_record": round(size / n)}
 
-    _, lexical = timed(lambda q: store.lexical("bench", q, 50), [(q,) for q, _ in qs])
+    _, lexical = timed(lambda q: store.lexical("bench", lexical_terms(q), 50), [(q,) for q, _ in qs])
     result["bm25_fts5"] = percentiles(lexical)
     start = time.perf_counter()
     contents = [r["content"] for r, _ in synthetic(n, texts, vectors)]
@@ -103,7 +103,7 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     retriever.index(bm25s.tokenize(contents, stopwords="en", show_progress=False), show_progress=False)
     result["bm25s_index_s"] = round(time.perf_counter() - start, 1)
     del contents
-    _, lexical_bm25s = timed(lambda q: retriever.retrieve(bm25s.tokenize([q], stopwords="en", show_progress=False), k=50,
+    _, lexical_bm25s = timed(lambda q: retriever.retrieve(bm25s.tokenize([lexical_terms(q)], stopwords="en", show_progress=False), k=50,
                                                           show_progress=False), [(q,) for q, _ in qs])
     result["bm25_bm25s"] = percentiles(lexical_bm25s)
     del retriever
