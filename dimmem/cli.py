@@ -174,7 +174,15 @@ def run_memory_search(args) -> int:
 def _eval_parser(sub) -> None:
     from eval.cli import add_arguments, run_cli
 
-    p = sub.add_parser("eval", help="benchmarks: retrieval")
+    p = sub.add_parser("eval", help="extraction quality, memory QA, retrieval benchmarks")
+    add_arguments(p)
+    p.set_defaults(handler=run_cli)
+
+
+def _serve_parser(sub) -> None:
+    from serve.cli import add_arguments, run_cli
+
+    p = sub.add_parser("serve", help="the HTTP memory service")
     add_arguments(p)
     p.set_defaults(handler=run_cli)
 
@@ -188,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     _export_parser(sub)
     _eval_parser(sub)
     _memory_parser(sub)
+    _serve_parser(sub)
     return parser
 
 

@@ -40,6 +40,15 @@ from dimmem.windows import Window, make_windows
 
 
 @dataclass
+class Extraction:
+    conversation: Conversation
+    windows: int
+    records: list[dict]  # valid memories, pointers resolved to conversation turn ids
+    rejected: list[str] = field(default_factory=list)  # memories the validator refused, with the reasons
+    failed: dict[str, str] = field(default_factory=dict)  # window id -> why the extractor gave no answer
+
+
+@dataclass
 class AddResult:
     conversation_id: str
     windows: int
@@ -83,12 +92,18 @@ class Memory:
     # --- writes -------------------------------------------------------------------------------------
     def add(self, messages: list[dict] | Conversation, user_id: str, conversation_id: str | None = None) -> AddResult:
         """Extract memories from a conversation (or OpenAI-style messages) and store them for the user."""
+        extraction = self.extract(messages, conversation_id)
+        events = self.add_records(extraction.records, user_id, extraction.conversation)
+        return AddResult(extraction.conversation.id, extraction.windows, events, extraction.rejected, extraction.failed)
+
+    def extract(self, messages: list[dict] | Conversation, conversation_id: str | None = None) -> "Extraction":
+        """Windows -> extractor -> validator -> pointers resolved, without storing anything."""
         if isinstance(messages, Conversation):
             conversation = messages
         else:  # without an id, the same messages added twice are the same conversation
             digest = "c-" + hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
             conversation = conversation_from_messages({"messages": messages, "id": conversation_id or digest},
-                                                      Record("messages", f"user {user_id}"), digest)
+                                                      Record("messages", "request"), digest)
         windows = make_windows(conversation, self.window, self.overlap, self.max_tokens, self.count_tokens)
         answers = self.extractor(windows)
         records, rejected, failed = [], [], {}
@@ -107,8 +122,7 @@ class Memory:
             self.stats["rejected_memories"] += len(bad)
         self.stats["windows"] += len(windows)
         self.stats["failed_windows"] += len(failed)
-        events = self.add_records(records, user_id, conversation)
-        return AddResult(conversation.id, len(windows), events, rejected, failed)
+        return Extraction(conversation, len(windows), records, rejected, failed)
 
     def add_records(self, records: list[dict], user_id: str, conversation: Conversation | None = None,
                     consolidate: bool = True) -> list[dict]:

@@ -1,0 +1,1 @@
+"""Serving: the HTTP memory service over the runtime."""
