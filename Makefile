@@ -6,7 +6,7 @@ SHARED ?= $(abspath ../shared/data)
 BIN := $(VENV)/bin
 RUNS := runs/demo
 
-.PHONY: install demo test test-fast bench-datagen bench-retrieval bench-runtime clean
+.PHONY: install demo test test-fast bench-datagen bench-retrieval bench-runtime bench-load clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,9 @@ bench-retrieval: install
 
 bench-runtime: install
 	$(BIN)/python -m eval.bench_runtime --sizes 10000,100000,1000000 --queries 200 --out runs/bench/runtime.json
+
+bench-load: install
+	$(BIN)/python -m serve.bench_load --clients 1,4,16 --seconds 20 --out runs/bench/load.json
 
 clean:
 	rm -rf $(VENV) runs

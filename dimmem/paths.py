@@ -5,6 +5,7 @@ Datasets and the tokenizer are never copied into the project: they are read from
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -24,4 +25,12 @@ def shared_data(relative: str) -> Path:
             f"{path} not found. Shared data is read from <repo>/../shared/data; "
             "set DIMMEM_SHARED_DATA to point elsewhere."
         )
+    return path
+
+
+def write_json(path: str | Path, obj) -> Path:
+    """Results as indented JSON, the folder created if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n")
     return path

@@ -26,7 +26,7 @@ from dimmem.consolidate import MEMORY_FIELDS
 from dimmem.embed import Embedder
 from dimmem.loaders import load_conversations
 from dimmem.memory import Memory
-from dimmem.paths import shared_data
+from dimmem.paths import shared_data, write_json
 from dimmem.query import content_words, lexical_terms, parse_query_rules
 from dimmem.retrieval import dimension_path
 from dimmem.store import MemoryStore
@@ -208,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result["sizes"][-1]), flush=True)
     print(format_tables(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result)
     return 0
 
 

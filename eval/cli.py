@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from dimmem.paths import CONFIG_DIR
+from dimmem.paths import CONFIG_DIR, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +130,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
     print(f"{result['questions']} questions, {result['records']} memories ({result['memories']})")
     print(format_table(result, ks))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result)
     return 0
 
 
