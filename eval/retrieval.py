@@ -2,7 +2,8 @@
 
 Each conversation's memories go into the runtime under their own user; each question of categories 1-4
 is parsed by the rule parser (reference date: the last session) and answered by every path alone, by
-BM25+dense fused, and by all three fused. A ranking's recall@k is the share of the question's evidence
+BM25+dense fused, and by all three fused, each fusion both as plain RRF and with weights fitted on the
+other half of the conversations (`_fitted` rows, two-fold cross-fitting). A ranking's recall@k is the share of the question's evidence
 turns (`dia_id`) cited by its top k records; MRR uses the first record citing any evidence turn.
 
     dimmem eval retrieval --benchmark locomo --input locomo10.json --memories turns|observations|LABELS.jsonl \\
