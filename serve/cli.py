@@ -4,7 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dimmem.paths import CONFIG_DIR
+from dimmem.paths import CONFIG_DIR, REPO_ROOT
+
+VLLM_VENV = REPO_ROOT / ".venv-vllm"  # built by `make serve-cpu`
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+VLLM_READY = (VLLM_VENV / ".installed").exists()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +20,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument("--openapi", metavar="FILE", help="write the OpenAPI document to FILE and exit")
 
 
+    vllm = sub.add_parser("vllm", help="launch (or --print) vLLM's OpenAI-compatible server for an exported extractor")
+    which = vllm.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="a merged export folder")
+    which.add_argument("--adapter", help="an adapter export folder (with --base)")
+    vllm.add_argument("--base", help="the base model of --adapter (default: the one it was trained on)")
+    vllm.add_argument("--python", default=str(VLLM_PYTHON) if VLLM_READY else "python",
+                      help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, if present)")
+    vllm.add_argument("--host", default="127.0.0.1")
+    vllm.add_argument("--port", type=int, default=8000)
+    vllm.add_argument("--max-model-len", type=int, help="default: the length the model was trained with")
+    vllm.add_argument("--print", action="store_true", help="print the command instead of running it")
+    vllm.add_argument("extra", nargs="*", help="more vLLM flags, after --")
+    vllm.set_defaults(serve_handler=run_vllm)
+    api.set_defaults(serve_handler=run_api)
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    return args.serve_handler(args)
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    import os
+
+    from serve.vllm import printable, vllm_command
+
+    command = vllm_command(args.model, args.base, args.adapter, python=args.python, host=args.host, port=args.port,
+                           max_model_len=args.max_model_len, extra=args.extra)
+    if args.print:
+        print(printable(command))
+        return 0
+    if args.python == "python" and not VLLM_READY:
+        print("note: no .venv-vllm here (`make serve-cpu` builds vLLM for CPU); using `python` from PATH", file=sys.stderr)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    os.execvpe(command[0], command, env)
+
+
+def run_api(args: argparse.Namespace) -> int:
     import json
 
     import uvicorn

@@ -1,0 +1,63 @@
+"""The vLLM OpenAI-compatible server command for an exported extractor (`dimmem export` folders).
+
+    dimmem serve vllm --model runs/demo/export-tiny --print          # a merged export
+    dimmem serve vllm --base Qwen/Qwen3-4B --adapter runs/export-adapter
+
+Flags come from the export's dimmem_export.json, so serving matches training: thinking off through the
+default chat-template arguments, the context length trained with, the LoRA rank of the adapter; plus
+xgrammar structured outputs and prefix caching (every extract prompt starts with the same system prompt).
+Flag names are those of vLLM 0.32 (`python -m vllm.entrypoints.openai.api_server`).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from dimmem.tokens import CHAT_TEMPLATE_KWARGS
+
+EXPORT_CONFIG = "dimmem_export.json"  # written by train/export.py
+SERVED_NAME = "dimmem-extractor"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _export_config(folder: str | Path) -> dict:
+    path = Path(folder) / EXPORT_CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no {EXPORT_CONFIG}; serve a folder written by `dimmem export`")
+    return json.loads(path.read_text())
+
+
+def vllm_command(model: str | None = None, base: str | None = None, adapter: str | None = None, python: str = "python",
+                 host: str = "127.0.0.1", port: int = 8000, name: str = SERVED_NAME, backend: str = "xgrammar",
+                 max_model_len: int | None = None, extra: list[str] | None = None) -> list[str]:
+    """The server command line. The extractor is served as `name`: the merged model itself, or the
+    adapter over the base (the base then answers as `<name>-base`)."""
+    if (model is None) == (adapter is None):
+        raise ValueError("serve either a merged export (--model DIR) or a base with an adapter (--base MODEL --adapter DIR)")
+    meta = _export_config(model or adapter)
+    if model is not None and not meta.get("merged"):
+        raise ValueError(f"{model} holds an adapter, not merged weights: use --base {meta.get('base_model')} --adapter {model}")
+    if adapter is not None and meta.get("merged"):
+        raise ValueError(f"{adapter} holds merged weights: serve it with --model {adapter}")
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", str(port),
+               "--enable-prefix-caching", "--structured-outputs-config", json.dumps({"backend": backend}),
+               "--default-chat-template-kwargs", json.dumps(meta.get("chat_template_kwargs") or CHAT_TEMPLATE_KWARGS)]
+    length = max_model_len or meta.get("max_model_len")
+    if length:
+        command += ["--max-model-len", str(length)]
+    if model is not None:
+        command += ["--model", str(model), "--served-model-name", name]
+    else:
+        command += ["--model", base or meta["base_model"], "--served-model-name", f"{name}-base", "--enable-lora",
+                    "--lora-modules", f"{name}={adapter}", "--max-lora-rank", str(lora_rank(meta.get("lora_r") or 16))]
+    return command + list(extra or [])
+
+
+def lora_rank(r: int) -> int:
+    """vLLM takes --max-lora-rank from a fixed set: the smallest that holds rank r."""
+    return next(rank for rank in VLLM_LORA_RANKS if rank >= r)
+
+
+def printable(command: list[str]) -> str:
+    return " ".join(shlex.quote(part) for part in command)
