@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
-from dimmem.paths import CONFIG_DIR
+from dimmem.paths import CONFIG_DIR, write_json
 
 
 def _windows_parser(sub) -> None:
@@ -62,29 +63,15 @@ def run_windows(args) -> int:
     print(format_stats(stats))
     print("partition: every turn is new in exactly one window (checked)")
     if args.stats_json:
-        Path(args.stats_json).write_text(json.dumps(stats, indent=2) + "\n")
+        write_json(args.stats_json, stats)
     return 0
 
-
-def _datagen_parser(sub) -> None:
-    from data_gen.cli import add_arguments, run_cli
-
-    p = sub.add_parser("datagen", help="label windows with a teacher model and build the SFT dataset")
-    add_arguments(p)
-    p.set_defaults(handler=run_cli)
 
 
 def _train_parser(sub) -> None:
     # Listed for --help only: `main` hands `dimmem train ...` to TRL's own parser (python -m train).
     sub.add_parser("train", help="LoRA SFT (TRL): --config configs/train/NAME.yaml [--any_sft_field value ...]")
 
-
-def _export_parser(sub) -> None:
-    from train.export import add_arguments, run_cli
-
-    p = sub.add_parser("export", help="export a run: adapter or merged model, model card, Hub push")
-    add_arguments(p)
-    p.set_defaults(handler=run_cli)
 
 
 def _memory_parser(sub) -> None:
@@ -171,32 +158,35 @@ def run_memory_search(args) -> int:
     return 0
 
 
-def _eval_parser(sub) -> None:
-    from eval.cli import add_arguments, run_cli
-
-    p = sub.add_parser("eval", help="extraction quality, memory QA, retrieval benchmarks")
-    add_arguments(p)
-    p.set_defaults(handler=run_cli)
 
 
-def _serve_parser(sub) -> None:
-    from serve.cli import add_arguments, run_cli
+# Stages whose flags are defined by their own package (`add_arguments`, `run_cli` in MODULE).
+STAGES = {
+    "datagen": ("data_gen.cli", "label windows with a teacher model and build the SFT dataset"),
+    "export": ("train.export", "export a run: adapter or merged model, model card, Hub push"),
+    "eval": ("eval.cli", "extraction quality, memory QA, retrieval benchmarks"),
+    "serve": ("serve.cli", "vLLM for the extractor, the HTTP memory service"),
+}
 
-    p = sub.add_parser("serve", help="the HTTP memory service")
-    add_arguments(p)
-    p.set_defaults(handler=run_cli)
+
+def _stage_parser(sub, name: str) -> None:
+    module_name, help_text = STAGES[name]
+    module = importlib.import_module(module_name)
+    p = sub.add_parser(name, help=help_text)
+    module.add_arguments(p)
+    p.set_defaults(handler=module.run_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dimmem", description="DimMem compact memory extractor pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     _windows_parser(sub)
-    _datagen_parser(sub)
+    _stage_parser(sub, "datagen")
     _train_parser(sub)
-    _export_parser(sub)
-    _eval_parser(sub)
+    _stage_parser(sub, "export")
+    _stage_parser(sub, "eval")
     _memory_parser(sub)
-    _serve_parser(sub)
+    _stage_parser(sub, "serve")
     return parser
 
 

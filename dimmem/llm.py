@@ -12,6 +12,7 @@ and an answer that is not JSON is asked again, both a bounded number of times.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import openai
@@ -39,9 +40,12 @@ class RawReply:
 
 
 class ChatModel:
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, constrained: bool = True,
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, api_key_env: str | None = None,
+                 constrained: bool = True,
                  temperature: float = 0.0, max_tokens: int = 1024, max_tokens_cap: int = 4096, timeout: float = 120.0,
                  max_retries: int = 4, attempts: int = 2, extra_body: dict | None = None, http_client=None):
+        if api_key is None and api_key_env:  # configs name the variable; the key never sits in a file
+            api_key = os.environ.get(api_key_env)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout,
                                     max_retries=max_retries, http_client=http_client)
         self.model, self.constrained, self.temperature = model, constrained, temperature

@@ -6,7 +6,6 @@ read from the environment variable `api_key_env` names, never from the file.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -71,8 +70,7 @@ class MemoryConfig(_Section):
         model = None
         if self.model is not None:
             m = self.model
-            model = ChatModel(m.base_url, m.model, api_key=os.environ.get(m.api_key_env) if m.api_key_env else None,
-                              constrained=m.constrained, max_tokens=m.max_tokens, max_tokens_cap=m.max_tokens_cap,
+            model = ChatModel(m.base_url, m.model, api_key_env=m.api_key_env, constrained=m.constrained, max_tokens=m.max_tokens, max_tokens_cap=m.max_tokens_cap,
                               timeout=m.timeout, max_retries=m.max_retries)
         extractor = {"model": lambda: EndpointExtractor(model, self.model.concurrency),
                      "replay": lambda: ReplayExtractor(self.labels), "turns": TurnExtractor}[self.extractor]()

@@ -162,6 +162,10 @@ class MemoryStore:
             out.update((r["id"], _record(r)) for r in rows)
         return out
 
+    def has_turns(self, user_id: str) -> bool:
+        """Whether any conversation turns are stored for the user."""
+        return self.db.execute("SELECT 1 FROM turns WHERE user_id=? LIMIT 1", (user_id,)).fetchone() is not None
+
     def count(self, user_id: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM records WHERE user_id=? AND status='active'", (user_id,)).fetchone()[0]
 

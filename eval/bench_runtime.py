@@ -97,8 +97,8 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
 
     _, lexical = timed(lambda q: store.lexical("bench", lexical_terms(q), 50), [(q,) for q, _ in qs])
     result["bm25_fts5"] = percentiles(lexical)
-    start = time.perf_counter()
     contents = [r["content"] for r, _ in synthetic(n, texts, vectors)]
+    start = time.perf_counter()
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(contents, stopwords="en", show_progress=False), show_progress=False)
     result["bm25s_index_s"] = round(time.perf_counter() - start, 1)

@@ -63,7 +63,6 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def run_extraction(args: argparse.Namespace) -> int:
-    import os
     import time
 
     from eval.extraction import PredictionCache, evaluate, load_references, predict_endpoint, predict_hf, read_predictions
@@ -81,7 +80,7 @@ def run_extraction(args: argparse.Namespace) -> int:
 
         if not args.model:
             raise SystemExit("--base-url needs --model")
-        chat = ChatModel(args.base_url, args.model, api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+        chat = ChatModel(args.base_url, args.model, api_key_env=args.api_key_env,
                          constrained=args.constrained, max_tokens=args.max_tokens)
         predictions, source, model = predict_endpoint(refs, chat, cache, args.concurrency), "endpoint", args.model
     wall = time.perf_counter() - start
@@ -95,16 +94,14 @@ def run_extraction(args: argparse.Namespace) -> int:
 
 
 def run_qa_cli(args: argparse.Namespace) -> int:
-    import os
 
     from dimmem.llm import ChatModel
     from dimmem.memory import Memory
     from eval.qa import format_table, run_qa
 
     def model(role: str) -> ChatModel:
-        key_env = getattr(args, f"{role}_api_key_env")
         return ChatModel(getattr(args, f"{role}_base_url"), getattr(args, f"{role}_model"),
-                         api_key=os.environ.get(key_env) if key_env else None, temperature=0.0)
+                         api_key_env=getattr(args, f"{role}_api_key_env"), temperature=0.0)
 
     out = Path(args.out)
     memory = Memory.from_config(args.memory_config, store=str(out / "memory.sqlite"))

@@ -89,7 +89,7 @@ def run_qa(benchmark: str, input_path: str, memory: Memory, answer: ChatModel, j
     todo = [(conv, q) for conv in conversations for q in questions(conv, benchmark, categories)][:limit]
     needed = list(dict.fromkeys(conv.id for conv, _ in todo))
     for conv in tqdm([c for c in conversations if c.id in needed], desc="ingesting", unit="conv", disable=None):
-        if memory.store.db.execute("SELECT 1 FROM turns WHERE user_id=? LIMIT 1", (conv.id,)).fetchone():
+        if memory.store.has_turns(conv.id):
             continue  # already in the store from an earlier (interrupted) run
         if by_conversation is not None:
             memory.add_records(by_conversation.get(conv.id, []), user_id=conv.id, conversation=conv)
