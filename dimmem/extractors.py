@@ -36,7 +36,7 @@ class EndpointExtractor:
     def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
         def one(window: Window) -> dict | str:
             try:
-                return self.model.complete("extract", extract_messages(window))
+                return self.model.complete("extract", extract_messages(window), scope=window.scope)
             except ModelError as exc:
                 return f"{window.id}: {exc}"
 

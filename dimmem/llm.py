@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import openai
 
 from dimmem.records import response_format
+from dimmem.validate import TurnScope
 
 
 class ModelError(Exception):
@@ -53,15 +54,18 @@ class ChatModel:
         # Qwen3 is served with thinking off; vLLM reads this per request (other servers ignore it).
         self.extra_body = {"chat_template_kwargs": {"enable_thinking": False}, **(extra_body or {})}
 
-    def complete(self, task: str, messages: list[dict], max_tokens: int | None = None) -> dict:
-        return self.reply(task, messages, max_tokens).value
+    def complete(self, task: str, messages: list[dict], max_tokens: int | None = None, scope: TurnScope | None = None) -> dict:
+        return self.reply(task, messages, max_tokens, scope).value
 
-    def raw(self, task: str | None, messages: list[dict], max_tokens: int | None = None) -> RawReply:
-        """One request, the answer as the model gave it (what evaluation scores); `task` None: free text."""
+    def raw(self, task: str | None, messages: list[dict], max_tokens: int | None = None,
+            scope: TurnScope | None = None) -> RawReply:
+        """One request, the answer as the model gave it (what evaluation scores); `task` None: free text.
+        With `scope` (an extract window's turns), structured outputs use the window's own schema."""
+        fmt = response_format(task, scope.citable() if scope else None) if self.constrained and task else openai.NOT_GIVEN
         try:
             response = self.client.chat.completions.create(
                 model=self.model, messages=messages, temperature=self.temperature, max_tokens=max_tokens or self.max_tokens,
-                response_format=response_format(task) if self.constrained and task else openai.NOT_GIVEN,
+                response_format=fmt,
                 extra_body=self.extra_body)
         except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError) as exc:
             raise ModelError(f"{task}: {self.client.base_url} unavailable after {self.client.max_retries} retries: "
@@ -72,11 +76,11 @@ class ChatModel:
         return RawReply(choice.message.content or "", choice.finish_reason, usage.prompt_tokens if usage else 0,
                         usage.completion_tokens if usage else 0)
 
-    def reply(self, task: str, messages: list[dict], max_tokens: int | None = None) -> Reply:
+    def reply(self, task: str, messages: list[dict], max_tokens: int | None = None, scope: TurnScope | None = None) -> Reply:
         budget, problems = max_tokens or self.max_tokens, []
         attempts = 0
         while attempts < self.attempts:
-            raw = self.raw(task, messages, budget)
+            raw = self.raw(task, messages, budget, scope)
             if raw.finish_reason == "length":
                 if budget >= self.max_tokens_cap:
                     raise ModelError(f"{task}: answer still cut at max_tokens={budget} (the cap); "

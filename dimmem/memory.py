@@ -13,11 +13,16 @@ Each new record meets only the stored records of its type that share a keyword (
 compared by embedding with those alone, and is consolidated with the closest one when similar enough:
 MERGE, SUPERSEDE or KEEP_BOTH, decided by a model (`consolidator`) or by rules. Replaced and merged
 versions stay in the history.
+
+Threads: `extract` may run from many threads at once (its model calls then overlap at the server);
+everything that touches the store or the embedder takes turns (one SQLite connection), which is how
+the HTTP service calls it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +86,7 @@ class Memory:
         self.window, self.overlap, self.count_tokens, self.max_tokens = window, overlap, count_tokens, max_tokens
         self.threshold, self.max_candidates, self.depth, self.weights = similarity_threshold, max_candidates, depth, weights
         self.stats: Counter = Counter()
+        self._extract_lock = threading.Lock()  # the prompt tokenizer and the stats, shared by concurrent extracts
 
     @classmethod
     def from_config(cls, path: str | Path, **overrides) -> "Memory":
@@ -104,9 +110,10 @@ class Memory:
             digest = "c-" + hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
             conversation = conversation_from_messages({"messages": messages, "id": conversation_id or digest},
                                                       Record("messages", "request"), digest)
-        windows = make_windows(conversation, self.window, self.overlap, self.max_tokens, self.count_tokens)
+        with self._extract_lock:
+            windows = make_windows(conversation, self.window, self.overlap, self.max_tokens, self.count_tokens)
         answers = self.extractor(windows)
-        records, rejected, failed = [], [], {}
+        records, rejected, failed, n_bad = [], [], {}, 0
         for window in windows:
             answer = answers[window.id]
             if isinstance(answer, str):
@@ -119,9 +126,11 @@ class Memory:
             bad = {issue.index for issue in issues}  # a bad memory costs only itself
             rejected += [f"{window.id}: {issue}" for issue in issues]
             records += window.resolve([m for i, m in enumerate(answer["memories"]) if i not in bad])
-            self.stats["rejected_memories"] += len(bad)
-        self.stats["windows"] += len(windows)
-        self.stats["failed_windows"] += len(failed)
+            n_bad += len(bad)
+        with self._extract_lock:
+            self.stats["rejected_memories"] += n_bad
+            self.stats["windows"] += len(windows)
+            self.stats["failed_windows"] += len(failed)
         return Extraction(conversation, len(windows), records, rejected, failed)
 
     def add_records(self, records: list[dict], user_id: str, conversation: Conversation | None = None,

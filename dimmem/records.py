@@ -107,9 +107,31 @@ def json_schema(task: str) -> dict:
     return copy.deepcopy(_schema(task))
 
 
-def response_format(task: str) -> dict:
-    """The OpenAI `response_format` for strict structured outputs of a task."""
-    return {"type": "json_schema", "json_schema": {"name": f"dimmem_{task}", "schema": json_schema(task), "strict": True}}
+def window_schema(citable: dict[str, list[str]]) -> dict:
+    """The extract schema of one window. `citable`: speaker -> the new turn ids they spoke. Each memory
+    names one of those speakers and cites only new turns of that speaker (at least one): the pointer
+    rules (source_turns_unknown/overlap/empty, speaker_mismatch) enforced while decoding, not after."""
+    schema = json_schema("extract")
+    record = schema["$defs"].pop("MemoryRecord")
+    variants = []
+    for i, (speaker, turns) in enumerate(citable.items()):
+        variant = copy.deepcopy(record)
+        props = variant["properties"]
+        props["speaker"] = {**props["speaker"], "enum": [speaker]}
+        props["source_turns"] = {**props["source_turns"], "items": {"type": "string", "enum": list(turns)}, "minItems": 1}
+        schema["$defs"][f"MemoryOfSpeaker{i}"] = variant
+        variants.append({"$ref": f"#/$defs/MemoryOfSpeaker{i}"})
+    # no new turns: nothing may be cited, so no memory can be valid
+    schema["properties"]["memories"] = {**schema["properties"]["memories"], **(
+        {"items": {"anyOf": variants}} if variants else {"items": {"type": "object"}, "maxItems": 0})}
+    return schema
+
+
+def response_format(task: str, citable: dict[str, list[str]] | None = None) -> dict:
+    """The OpenAI `response_format` for strict structured outputs of a task; for extract with `citable`,
+    the window's own schema (`window_schema`)."""
+    schema = window_schema(citable) if task == "extract" and citable is not None else json_schema(task)
+    return {"type": "json_schema", "json_schema": {"name": f"dimmem_{task}", "schema": schema, "strict": True}}
 
 
 def canonical_json(task: str, value: dict) -> str:

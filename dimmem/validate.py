@@ -81,6 +81,14 @@ class TurnScope:
     speakers: dict[str, str]
     new: frozenset[str]
 
+    def citable(self) -> dict[str, list[str]]:
+        """Speaker -> the new turn ids they spoke, in window order (for `records.window_schema`)."""
+        out: dict[str, list[str]] = {}
+        for turn, speaker in self.speakers.items():
+            if turn in self.new:
+                out.setdefault(speaker, []).append(turn)
+        return out
+
     def to_json(self) -> str:
         """As stored with a dataset row, so an evaluation can check answers against the same scope."""
         return json.dumps({"speakers": self.speakers, "new": sorted(self.new)}, ensure_ascii=False)

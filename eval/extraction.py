@@ -102,14 +102,14 @@ class PredictionCache:
 def predict_endpoint(refs: list[Reference], model, cache: PredictionCache, concurrency: int) -> dict[str, Prediction]:
     """Answers from an OpenAI-compatible endpoint (`dimmem.llm.ChatModel`), one request per window."""
     settings = {"base_url": str(model.client.base_url), "constrained": model.constrained, "max_tokens": model.max_tokens,
-                "temperature": model.temperature}
+                "temperature": model.temperature, "schema": "window"}  # constrained by each window's own schema
 
     def one(ref: Reference) -> Prediction:
         key = cache.key(model.model, settings, ref.messages)
         if (hit := cache.get(key)) is not None:
             return hit
         start = time.perf_counter()
-        raw = model.raw("extract", ref.messages)
+        raw = model.raw("extract", ref.messages, scope=ref.scope)
         prediction = Prediction(ref.window_id, raw.text, raw.finish_reason, raw.completion_tokens, time.perf_counter() - start)
         cache.put(key, prediction)
         return prediction

@@ -134,17 +134,16 @@ def create_app(config: ServeConfig, memory: Memory | None = None) -> FastAPI:
     @app.post("/v1/memories", summary="extract memories from messages and store them for a user")
     def add(body: AddRequest, tenant_name: Tenant) -> dict:
         messages = check_messages(body.messages)
+        extraction = memory.extract(messages, body.conversation_id)  # model calls outside the lock: searches go on
         with lock:
-            result = memory.add(messages, scoped(tenant_name, body.user_id), body.conversation_id)
-        stored.inc(sum(e["action"] != "UNCHANGED" for e in result.events))
-        return {"conversation_id": result.conversation_id, "windows": result.windows, "events": result.events,
-                "rejected": result.rejected, "failed": result.failed}
+            events = memory.add_records(extraction.records, scoped(tenant_name, body.user_id), extraction.conversation)
+        stored.inc(sum(e["action"] != "UNCHANGED" for e in events))
+        return {"conversation_id": extraction.conversation.id, "windows": extraction.windows, "events": events,
+                "rejected": extraction.rejected, "failed": extraction.failed}
 
     @app.post("/v1/extract", summary="extract memories from messages without storing them")
     def extract(body: ExtractRequest, _: Tenant) -> dict:
-        messages = check_messages(body.messages)
-        with lock:
-            result = memory.extract(messages)
+        result = memory.extract(check_messages(body.messages))
         return {"conversation_id": result.conversation.id, "windows": result.windows, "memories": result.records,
                 "rejected": result.rejected, "failed": result.failed}
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dimmem.paths import CONFIG_DIR, REPO_ROOT
-
-VLLM_VENV = REPO_ROOT / ".venv-vllm"  # built by `make serve-cpu`
-VLLM_PYTHON = VLLM_VENV / "bin" / "python"
-VLLM_READY = (VLLM_VENV / ".installed").exists()
+from dimmem.paths import CONFIG_DIR
+from serve.vllm import DEFAULT_PYTHON, VLLM_READY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--model", help="a merged export folder")
     which.add_argument("--adapter", help="an adapter export folder (with --base)")
     vllm.add_argument("--base", help="the base model of --adapter (default: the one it was trained on)")
-    vllm.add_argument("--python", default=str(VLLM_PYTHON) if VLLM_READY else "python",
+    vllm.add_argument("--python", default=DEFAULT_PYTHON,
                       help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, if present)")
     vllm.add_argument("--host", default="127.0.0.1")
     vllm.add_argument("--port", type=int, default=8000)
@@ -43,7 +40,7 @@ def run_cli(args: argparse.Namespace) -> int:
 def run_vllm(args: argparse.Namespace) -> int:
     import os
 
-    from serve.vllm import printable, vllm_command
+    from serve.vllm import printable, vllm_command, vllm_env
 
     command = vllm_command(args.model, args.base, args.adapter, python=args.python, host=args.host, port=args.port,
                            max_model_len=args.max_model_len, extra=args.extra)
@@ -52,8 +49,7 @@ def run_vllm(args: argparse.Namespace) -> int:
         return 0
     if args.python == "python" and not VLLM_READY:
         print("note: no .venv-vllm here (`make serve-cpu` builds vLLM for CPU); using `python` from PATH", file=sys.stderr)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    os.execvpe(command[0], command, env)
+    os.execvpe(command[0], command, vllm_env())
 
 
 def run_api(args: argparse.Namespace) -> int:

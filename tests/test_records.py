@@ -6,7 +6,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from openai.lib._pydantic import _ensure_strict_json_schema
 
-from dimmem.records import TASK_MODELS, canonical_json, json_schema, response_format
+from dimmem.records import TASK_MODELS, canonical_json, json_schema, response_format, window_schema
+from dimmem.validate import TurnScope, validate
 
 DESIGN_EXAMPLE = {"memories": [{
     "source_turns": ["t6", "t7"], "speaker": "Caroline",
@@ -114,3 +115,40 @@ class TestXGrammar:
             matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
             text = json.dumps({"memories": [bad]}, separators=(",", ":"))
             assert not matcher.accept_string(text)
+
+    def test_window_schema_constrains_pointers_while_decoding(self, compiler):
+        import xgrammar as xgr
+
+        compiled = compiler.compile_json_schema(json.dumps(window_schema(SCOPE.citable())))
+        memory = {**DESIGN_EXAMPLE["memories"][0], "speaker": "Bob", "source_turns": ["t4"]}
+        for answer, accepted in (({"memories": [memory]}, True), ({"memories": []}, True),
+                                 ({"memories": [{**memory, "speaker": "Ann"}]}, False),
+                                 ({"memories": [{**memory, "source_turns": ["t2"]}]}, False)):
+            matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+            assert matcher.accept_string(canonical_json("extract", answer)) == accepted, answer
+
+
+SCOPE = TurnScope({"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob", "t5": "Ann"}, frozenset({"t3", "t4", "t5"}))
+
+
+def test_window_schema_is_strict_and_lists_each_speakers_new_turns():
+    schema = response_format("extract", SCOPE.citable())["json_schema"]["schema"]
+    converted = _ensure_strict_json_schema(copy.deepcopy(schema), path=(), root=copy.deepcopy(schema))
+    assert converted == schema  # OpenAI accepts it as strict too
+    variants = [schema["$defs"][ref["$ref"].rsplit("/", 1)[1]] for ref in schema["properties"]["memories"]["items"]["anyOf"]]
+    assert [(v["properties"]["speaker"]["enum"], v["properties"]["source_turns"]["items"]["enum"]) for v in variants] == \
+        [(["Ann"], ["t3", "t5"]), (["Bob"], ["t4"])]
+    assert response_format("extract")["json_schema"]["schema"] == json_schema("extract")
+
+
+def test_window_schema_answers_pass_the_pointer_rules():
+    memory = {**DESIGN_EXAMPLE["memories"][0], "speaker": "Ann", "source_turns": ["t3", "t5"]}
+    validator = Draft202012Validator(window_schema(SCOPE.citable()))
+    assert validator.is_valid({"memories": [memory]}) and validate("extract", {"memories": [memory]}, SCOPE).ok
+    for bad, rule in (({**memory, "source_turns": ["t1"]}, "source_turns_overlap"),
+                      ({**memory, "source_turns": ["t4"]}, "speaker_mismatch"),
+                      ({**memory, "source_turns": ["t9"]}, "source_turns_unknown"),
+                      ({**memory, "source_turns": []}, "source_turns_empty")):
+        assert not validator.is_valid({"memories": [bad]})  # the schema forbids what the rule would reject
+        assert rule in {issue.rule for issue in validate("extract", {"memories": [bad]}, SCOPE).issues}
+    assert not Draft202012Validator(window_schema({})).is_valid({"memories": [memory]})

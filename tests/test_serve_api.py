@@ -2,6 +2,8 @@
 confined to their records, 401/413/422 for bad requests, versioned updates, metrics, the checked-in
 OpenAPI document, and a schema-driven fuzz run that must find no 5xx."""
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import pytest
@@ -9,6 +11,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
+from dimmem.extractors import TurnExtractor
 from dimmem.memory import Memory
 from serve.api import create_app
 from serve.config import ServeConfig, Tenant
@@ -57,6 +60,29 @@ def test_tenants_never_see_each_other(client):
                                 ("patch", f"/v1/memories/{path}", {"json": {"user_id": "ann", "content": "pwned"}})):
         assert client.request(method, url, headers=B, **kwargs).status_code == 404, (method, url)
     assert client.get(f"/v1/memories/{path}?user_id=ann", headers=A).json()["content"].startswith("user: I adopted")
+
+
+def test_a_slow_extraction_does_not_hold_up_searches(tmp_path, embedder, monkeypatch):
+    """Extraction (model calls, seconds per window when served) runs outside the store's lock: a search
+    answers while an add waits on its extractor, and the add then lands."""
+    release, extracting = threading.Event(), threading.Event()
+
+    def slow_extractor(windows):
+        extracting.set()
+        assert release.wait(timeout=60)
+        return TurnExtractor()(windows)
+
+    monkeypatch.setenv("DIMMEM_TEST_KEY_A", "key-a")
+    client = TestClient(create_app(ServeConfig(tenants=[Tenant(name="a", api_key_env="DIMMEM_TEST_KEY_A")]),
+                                   memory=Memory(tmp_path / "m.sqlite", embedder=embedder, extractor=slow_extractor)))
+    with ThreadPoolExecutor(1) as pool:
+        adding = pool.submit(client.post, "/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A)
+        assert extracting.wait(timeout=60)
+        searched = client.post("/v1/search", json={"user_id": "ann", "query": "beagle"}, headers=A)
+        assert searched.status_code == 200 and not adding.done()
+        release.set()
+        assert adding.result(timeout=60).status_code == 200
+    assert client.post("/v1/search", json={"user_id": "ann", "query": "beagle"}, headers=A).json()["hits"]
 
 
 def test_update_delete_and_history_are_versioned(client):

@@ -1,19 +1,33 @@
-"""The vLLM server command for exported extractors: flags from dimmem_export.json, and (where
-`make serve-cpu` has built .venv-vllm) the command checked by vLLM's own argument parser."""
+"""Serving exported extractors with vLLM: the command's flags from dimmem_export.json; and with vLLM for
+CPU (.venv-vllm) the command checked by vLLM's own parser, the tiny model served merged and as base +
+LoRA adapter under structured outputs, and the memory service in front of it."""
 import json
+import os
 import subprocess
+import sys
+import urllib.error
+import urllib.request
+from urllib.parse import quote
 
 import pytest
+import yaml
 
-from serve.cli import VLLM_PYTHON, VLLM_READY
-from serve.vllm import lora_rank, vllm_command
+from dimmem.paths import CONFIG_DIR, shared_data
+from serve.launch import Service, free_port
+from serve.vllm import VLLM_PYTHON, VLLM_READY, lora_rank, vllm_command, vllm_service
+
+# `make test` sets DIMMEM_REQUIRE_VLLM after building .venv-vllm: there a missing vLLM fails, never skips
+needs_vllm = pytest.mark.skipif(not VLLM_READY and not os.environ.get("DIMMEM_REQUIRE_VLLM"),
+                                reason="needs .venv-vllm (`make serve-cpu`); `make test` builds it")
 
 
-def export(folder, merged: bool, **fields):
+def export(folder, merged: bool, modules_to_save=None):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "dimmem_export.json").write_text(json.dumps({
         "base_model": "Qwen/Qwen3-4B", "merged": merged, "max_model_len": 8192, "lora_r": 12,
-        "chat_template_kwargs": {"enable_thinking": False}, **fields}))
+        "chat_template_kwargs": {"enable_thinking": False}}))
+    if not merged:
+        (folder / "adapter_config.json").write_text(json.dumps({"r": 12, "modules_to_save": modules_to_save}))
     return folder
 
 
@@ -48,10 +62,12 @@ def test_mismatched_exports_are_refused_with_the_right_command(tmp_path):
         vllm_command(model=str(tmp_path))
     with pytest.raises(ValueError, match="either a merged export"):
         vllm_command()
+    with pytest.raises(ValueError, match=r"\['embed_tokens', 'lm_head'\].*export the run with --merge"):
+        vllm_command(adapter=str(export(tmp_path / "full", merged=False, modules_to_save=["embed_tokens", "lm_head"])))
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not VLLM_READY, reason="needs .venv-vllm (`make serve-cpu`)")
+@needs_vllm
 def test_vllm_accepts_the_command(tmp_path):
     for command in (vllm_command(model=str(export(tmp_path / "m", merged=True))),
                     vllm_command(adapter=str(export(tmp_path / "a", merged=False)))):
@@ -62,3 +78,120 @@ def test_vllm_accepts_the_command(tmp_path):
         out = subprocess.run([str(VLLM_PYTHON), "-c", check, *command[3:]], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split()[:3] == ["{'enable_thinking':", "False}", "True"]
+
+
+# ---- the served extractor on vLLM for CPU (integration: `make test` builds .venv-vllm) -----------------
+
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """The demo's recipe: toy data from the oracle, the tiny model trained and exported merged (fewer steps
+    leave it writing runaway strings, which structured outputs cannot end: 80 steps truncated every
+    answer); then a pure LoRA adapter (no modules_to_save, as on a pretrained base) trained over it."""
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run
+    from train.__main__ import main as train
+    from train.export import main as export_run
+
+    root = tmp_path_factory.mktemp("served")
+    datagen = yaml.safe_load((CONFIG_DIR / "datagen" / "toy.yaml").read_text())
+    datagen.update(out=str(root / "data"), tasks={"extract": True, "parse_query": False, "consolidate": False})
+    run(DatagenConfig.model_validate(datagen), show_progress=False)
+    tiny = yaml.safe_load((CONFIG_DIR / "train" / "tiny.yaml").read_text())
+    tiny.update(dataset_path=str(root / "data"), model_name_or_path=str(root / "base"), output_dir=str(root / "run"),
+                eval_strategy="no", save_strategy="no", report_to=["none"])
+    tiny["tiny_base"]["tokenizer"] = str(shared_data("qwen3-tokenizer"))
+    (root / "tiny.yaml").write_text(yaml.safe_dump(tiny))
+    assert train(["--config", str(root / "tiny.yaml")]) == 0
+    assert export_run(["--run", str(root / "run"), "--out", str(root / "merged"), "--merge"]) == 0
+    adapter = {k: v for k, v in tiny.items() if k != "tiny_base"}
+    adapter.update(model_name_or_path=str(root / "merged"), output_dir=str(root / "adapter-run"), lora_modules_to_save=None,
+                   lora_r=8, lora_alpha=16, max_steps=8, learning_rate=2e-3, lr_scheduler_type="constant", warmup_steps=0)
+    (root / "adapter.yaml").write_text(yaml.safe_dump(adapter))
+    assert train(["--config", str(root / "adapter.yaml")]) == 0
+    assert export_run(["--run", str(root / "adapter-run"), "--out", str(root / "adapter")]) == 0
+    return {"merged": root / "merged", "adapter": root / "adapter", "data": root / "data"}
+
+
+@pytest.fixture(scope="module", params=["merged", "adapter"])
+def served(request, exports, tmp_path_factory):
+    """vLLM serving the merged export, then the adapter over its base (pytest runs one at a time)."""
+    kind = request.param
+    port = free_port()
+    log = tmp_path_factory.mktemp(f"vllm-{kind}") / "vllm.log"
+    with vllm_service(log, port=port, **{"model" if kind == "merged" else "adapter": str(exports[kind])}):
+        yield kind, f"http://127.0.0.1:{port}/v1"
+
+
+def http(method: str, url: str, key: str | None = None, body: dict | None = None) -> tuple[int, dict | str]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, json.dumps(body).encode() if body is not None else None, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            status, raw = response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read().decode()
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:
+        return status, raw
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@needs_vllm
+def test_served_extractor_is_schema_valid_under_structured_outputs(served, exports, tmp_path):
+    """A batch of held-out windows through `dimmem eval extraction` against the server: every answer
+    parses and meets the strict schema, none is cut off; an adapter's answers are not its base's."""
+    from eval.cli import main as evaluate
+
+    kind, url = served
+    models = {m["id"] for m in http("GET", f"{url}/models")[1]["data"]}
+    assert "dimmem-extractor" in models and (kind == "merged" or "dimmem-extractor-base" in models)
+    runs = {}
+    for model in ["dimmem-extractor"] + (["dimmem-extractor-base"] if kind == "adapter" else []):
+        runs[model] = out = tmp_path / model
+        assert evaluate(["extraction", "--references", f"{exports['data']}:test", "--base-url", url, "--model", model,
+                         "--max-tokens", "768", "--limit", "12", "--out", str(out)]) == 0
+    metrics = json.loads((runs["dimmem-extractor"] / "metrics.json").read_text())
+    assert metrics["windows"] == 12 and metrics["memories_predicted"] > 0
+    assert metrics["parse_rate"] == metrics["schema_valid_rate"] == 1.0 and metrics["truncation_rate"] == 0.0
+    if kind == "adapter":
+        answers = [[json.loads(line)["output"] for line in (runs[m] / "predictions.jsonl").open()] for m in runs]
+        assert answers[0] != answers[1]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@needs_vllm
+def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
+    """`dimmem serve api` with configs/memory/served-tiny.yaml pointed at the server: a new conversation
+    is added, a stored memory is found by search, the other tenant sees none of it."""
+    from serve.demo import CONVERSATION_INDEX, toy_messages
+
+    _, url = served
+    memory = yaml.safe_load((CONFIG_DIR / "memory" / "served-tiny.yaml").read_text())
+    memory["model"]["base_url"] = url
+    memory["windows"]["tokenizer"] = str(exports["merged"])
+    (tmp_path / "memory.yaml").write_text(yaml.safe_dump(memory))
+    port = free_port()
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({
+        "memory_config": str(tmp_path / "memory.yaml"), "store": str(tmp_path / "memory.sqlite"), "port": port,
+        "tenants": [{"name": "a", "api_key_env": "TENANT_A_KEY"}, {"name": "b", "api_key_env": "TENANT_B_KEY"}]}))
+    api = f"http://127.0.0.1:{port}"
+    with Service([sys.executable, "-m", "serve", "api", "--config", str(tmp_path / "serve.yaml")], f"{api}/healthz",
+                 tmp_path / "api.log", env={"TENANT_A_KEY": "key-a", "TENANT_B_KEY": "key-b"}, startup_timeout=120):
+        messages, _ = toy_messages(CONVERSATION_INDEX)
+        status, added = http("POST", f"{api}/v1/memories", "key-a", {"user_id": "ann", "messages": messages})
+        assert status == 200 and added["failed"] == {} and added["windows"] == 6
+        stored = [e["id"] for e in added["events"] if e["action"] == "ADD"]
+        assert stored, added
+        record_path = f"{api}/v1/memories/{quote(stored[0], safe='')}?user_id=ann"
+        status, record = http("GET", record_path, "key-a")
+        assert status == 200 and record["conversation_id"] == added["conversation_id"] and record["source_turns"]
+        status, found = http("POST", f"{api}/v1/search", "key-a", {"user_id": "ann", "query": record["content"], "k": 5})
+        assert status == 200 and stored[0] in [hit["record"]["id"] for hit in found["hits"]]
+        assert http("POST", f"{api}/v1/search", "key-b", {"user_id": "ann", "query": record["content"]})[1]["hits"] == []
+        assert http("GET", record_path, "key-b")[0] == 404
+        assert http("POST", f"{api}/v1/search", "wrong", {"user_id": "ann", "query": "x"})[0] == 401
