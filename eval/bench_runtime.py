@@ -106,7 +106,7 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     _, lexical_bm25s = timed(lambda q: retriever.retrieve(bm25s.tokenize([lexical_terms(q)], stopwords="en", show_progress=False), k=50,
                                                           show_progress=False), [(q,) for q, _ in qs])
     result["bm25_bm25s"] = percentiles(lexical_bm25s)
-    del retriever
+    retriever = None  # free the index before the dense ones are built
 
     exact = VectorIndex(store, ann_min_records=n + 1)
     start = time.perf_counter()
@@ -130,7 +130,7 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     memory = Memory(path, embedder=embedder)  # the runtime as users call it, with its default exact/HNSW choice
     memory.vectors = ann if n >= memory.vectors.ann_min else exact  # already loaded (timed above)
     memory.vectors.store = memory.store
-    del ann, exact
+    ann = exact = None  # the index the runtime does not use can be freed
     _, searches = timed(lambda q: memory.search(q, "bench", k=10, reference_date="2023-10-01"), [(q,) for q, _ in qs])
     result["search"] = percentiles(searches)
     memory.store.close()
