@@ -18,7 +18,7 @@ async def submit(labeler: Labeler, folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     lines, job_ids = [], {}
     for key, (job, messages, max_tokens) in labeler.queue.requests.items():
-        body = labeler.teacher.request_body(job.task, messages, max_tokens)
+        body = labeler.teacher.request_body(job.task, messages, max_tokens, job.scope)
         lines.append(json.dumps({"custom_id": key, "method": "POST", "url": "/v1/chat/completions", "body": body}))
         job_ids[key] = job.id
     payload = ("\n".join(lines) + "\n").encode()

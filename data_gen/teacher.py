@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 from data_gen.config import TeacherConfig
 from data_gen.store import Completion
 from dimmem.records import response_format
+from dimmem.validate import TurnScope
 
 
 class TeacherError(Exception):
@@ -91,19 +92,25 @@ class OpenAITeacher:
         self.model = cfg.model
         self.formats: dict[str, dict] = {}
 
-    def request_body(self, task: str, messages: list[dict], max_tokens: int) -> dict:
-        """The chat-completions body for one request (also what batch mode writes to its JSONL)."""
-        if task not in self.formats:  # built once per task: the schema is the same for every request
-            self.formats[task] = response_format(task) if self.cfg.structured_outputs else {"type": "json_object"}
+    def request_body(self, task: str, messages: list[dict], max_tokens: int, scope: TurnScope | None = None) -> dict:
+        """The chat-completions body for one request (also what batch mode writes to its JSONL). An extract
+        window's schema is its own (`records.window_schema`: memories cite only its new turns, each with
+        their speaker); other tasks share one schema, built once."""
+        if self.cfg.structured_outputs and task == "extract" and scope is not None:
+            fmt = response_format(task, scope.citable())
+        else:
+            if task not in self.formats:
+                self.formats[task] = response_format(task) if self.cfg.structured_outputs else {"type": "json_object"}
+            fmt = self.formats[task]
         return {"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature,
-                "max_tokens": max_tokens, "response_format": self.formats[task], **self.cfg.extra_body}
+                "max_tokens": max_tokens, "response_format": fmt, **self.cfg.extra_body}
 
     def backoff(self, attempt: int) -> float:
         """Exponential backoff with full jitter."""
         return random.uniform(0, min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** attempt))
 
     async def complete(self, job, messages: list[dict], max_tokens: int) -> Completion:
-        body = self.request_body(job.task, messages, max_tokens)
+        body = self.request_body(job.task, messages, max_tokens, job.scope)
         estimate = sum(len(m["content"]) for m in messages) // 3 + max_tokens  # rough: ~3 characters a token
         last = "no attempt"
         for attempt in range(self.cfg.max_retries + 1):

@@ -88,6 +88,10 @@ def test_repair_round_sends_the_validator_report(tmp_path):
     assert repair["messages"][2]["role"] == "assistant"
     assert "memories[0].source_turns: [source_turns_overlap]" in repair["messages"][3]["content"]
     assert repair["response_format"]["json_schema"]["strict"] is True
+    # the window's own schema: its two overlap turns (t1, t2) cannot be cited at all
+    variants = repair["response_format"]["json_schema"]["schema"]["$defs"].values()
+    citable = {turn for v in variants for turn in v["properties"]["source_turns"]["items"]["enum"]}
+    assert "t3" in citable and not citable & {"t1", "t2"}
 
 
 def test_rerun_sends_nothing_and_rebuilds_the_same_dataset(tmp_path):
