@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_serve_config(args.config)
     model_url = urlparse(load_memory_config(config.memory_config).model.base_url)
+    if model_url.port is None:
+        raise SystemExit(f"{config.memory_config}: model.base_url needs an explicit port for vLLM to listen on")
     for port in (model_url.port, config.port):
         if port_in_use(port):
             print(f"port {port} is in use: stop what listens there, or change {args.config} / {config.memory_config}",
