@@ -185,12 +185,13 @@ def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
         messages, _ = toy_messages(CONVERSATION_INDEX)
         status, added = http("POST", f"{api}/v1/memories", "key-a", {"user_id": "ann", "messages": messages})
         assert status == 200 and added["failed"] == {} and added["windows"] == 6
-        replaced = {e["target"] for e in added["events"]}  # merged into or superseded by a later record
-        stored = [e["id"] for e in added["events"] if e["action"] == "ADD" and e["id"] not in replaced]
+        # stored as itself (a merged record lives on in its target), and not replaced by a later one
+        replaced = {e["target"] for e in added["events"]}
+        stored = [e["id"] for e in added["events"] if e["action"] in ("KEEP_BOTH", "SUPERSEDE") and e["id"] not in replaced]
         assert stored, added
         record_path = f"{api}/v1/memories/{quote(stored[0], safe='')}?user_id=ann"
         status, record = http("GET", record_path, "key-a")
-        assert status == 200 and record["conversation_id"] == added["conversation_id"] and record["source_turns"]
+        assert status == 200 and record["status"] == "active" and record["conversation_id"] == added["conversation_id"]
         status, found = http("POST", f"{api}/v1/search", "key-a", {"user_id": "ann", "query": record["content"], "k": 5})
         assert status == 200 and stored[0] in [hit["record"]["id"] for hit in found["hits"]]
         assert http("POST", f"{api}/v1/search", "key-b", {"user_id": "ann", "query": record["content"]})[1]["hits"] == []
