@@ -11,6 +11,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
+EXPORT_CONFIG = "dimmem_export.json"  # beside an export's weights: how it was trained and must be served
 
 
 def shared_data_dir() -> Path:

@@ -16,10 +16,9 @@ import os
 import shlex
 from pathlib import Path
 
-from dimmem.paths import REPO_ROOT
+from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
 from serve.launch import Service
 
-EXPORT_CONFIG = "dimmem_export.json"  # written by train/export.py
 SERVED_NAME = "dimmem-extractor"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 VLLM_VENV = REPO_ROOT / ".venv-vllm"  # built by `make serve-cpu`

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from dimmem.paths import EXPORT_CONFIG
 from dimmem.tokens import CHAT_TEMPLATE_KWARGS
 from train.sft import RUN_CONFIG
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-EXPORT_CONFIG = "dimmem_export.json"
 
 
 def adapter_dir(run: Path, checkpoint: int | None) -> Path:
