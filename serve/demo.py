@@ -23,7 +23,7 @@ from data_gen.toyworld import generate_dialogue
 from dimmem.memory_config import load_memory_config
 from dimmem.paths import write_json
 from serve.config import load_serve_config
-from serve.launch import Service, port_in_use
+from serve.launch import Service, ServiceError, port_in_use
 from serve.vllm import VLLM_READY, vllm_service
 
 CONVERSATION_INDEX = 5000  # far past the demo dataset's 60 toy conversations: unseen in training
@@ -47,37 +47,23 @@ def toy_messages(index: int) -> tuple[list[dict], list[dict]]:
     return messages, queries
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--export", required=True, help="a merged export folder (dimmem export --merge)")
-    parser.add_argument("--config", required=True, help="the memory service's config (configs/serve/*.yaml)")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    if not VLLM_READY:
-        print("serving step skipped: vLLM for CPU is not installed here. `make serve-cpu` builds it in .venv-vllm "
-              "(about 3 minutes, 3.4 GB); then `make demo-serve` runs this step.")
-        return 0
-
-    config = load_serve_config(args.config)
+def run(export: str, config_path: str, out: Path) -> dict:
+    """vLLM and the memory service up, one conversation added and searched, both down again."""
+    config = load_serve_config(config_path)
     model_url = urlparse(load_memory_config(config.memory_config).model.base_url)
     if model_url.port is None:
-        raise SystemExit(f"{config.memory_config}: model.base_url needs an explicit port for vLLM to listen on")
+        raise ValueError(f"{config.memory_config}: model.base_url needs an explicit port for vLLM to listen on")
     for port in (model_url.port, config.port):
         if port_in_use(port):
-            print(f"port {port} is in use: stop what listens there, or change {args.config} / {config.memory_config}",
-                  file=sys.stderr)
-            return 1
-    out = Path(args.out)
+            raise ValueError(f"port {port} is in use: stop what listens there, or change {config_path} / {config.memory_config}")
     key = secrets.token_urlsafe(16)
-    tenant = config.tenants[0]
-    api_command = [sys.executable, "-m", "serve", "api", "--config", args.config]
+    api_command = [sys.executable, "-m", "serve", "api", "--config", config_path]
     api_url = f"http://{config.host}:{config.port}"
     messages, queries = toy_messages(CONVERSATION_INDEX)
     began = time.monotonic()
-    with vllm_service(out / "vllm.log", port=model_url.port, host=model_url.hostname, model=args.export) as vllm:
-        print(f"vLLM serves {args.export} as dimmem-extractor ({vllm.startup_s:.0f} s to start; log {out / 'vllm.log'})")
-        with Service(api_command, f"{api_url}/healthz", out / "api.log", env={tenant.api_key_env: key},
+    with vllm_service(out / "vllm.log", port=model_url.port, host=model_url.hostname, model=export) as vllm:
+        print(f"vLLM serves {export} as dimmem-extractor ({vllm.startup_s:.0f} s to start; log {out / 'vllm.log'})")
+        with Service(api_command, f"{api_url}/healthz", out / "api.log", env={config.tenants[0].api_key_env: key},
                      startup_timeout=120, name="memory service") as api:
             print(f"memory service on {api_url} ({api.startup_s:.0f} s to start; log {out / 'api.log'})")
             t = time.monotonic()
@@ -96,8 +82,27 @@ def main(argv: list[str] | None = None) -> int:
                 for hit in found["hits"]:
                     record = hit["record"]
                     print(f"  {hit['score']:.3f}  [{record['type']}, {record['time']}] {record['content']}")
-    write_json(out / "demo.json", {"export": args.export, "messages": len(messages), "add": added, "add_s": round(add_s, 2),
-                                   "searches": searches, "total_s": round(time.monotonic() - began, 1)})
+    return {"export": export, "messages": len(messages), "add": added, "add_s": round(add_s, 2), "searches": searches,
+            "total_s": round(time.monotonic() - began, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serve.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", required=True, help="a merged export folder (dimmem export --merge)")
+    parser.add_argument("--config", required=True, help="the memory service's config (configs/serve/*.yaml)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if not VLLM_READY:
+        print("serving step skipped: vLLM for CPU is not installed here. `make serve-cpu` builds it in .venv-vllm "
+              "(about 3 minutes, 3.4 GB); then `make demo-serve` runs this step.")
+        return 0
+    try:
+        result = run(args.export, args.config, Path(args.out))
+    except (ServiceError, OSError, ValueError) as exc:  # a server that would not start says why in its log tail
+        print(f"serve.demo: {exc}", file=sys.stderr)
+        return 1
+    write_json(Path(args.out) / "demo.json", result)
     return 0
 
 
