@@ -192,7 +192,7 @@ def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
         record_path = f"{api}/v1/memories/{quote(stored[0], safe='')}?user_id=ann"
         status, record = http("GET", record_path, "key-a")
         assert status == 200 and record["status"] == "active" and record["conversation_id"] == added["conversation_id"]
-        status, found = http("POST", f"{api}/v1/search", "key-a", {"user_id": "ann", "query": record["content"], "k": 5})
+        status, found = http("POST", f"{api}/v1/search", "key-a", {"user_id": "ann", "query": record["content"], "k": 10})
         assert status == 200 and stored[0] in [hit["record"]["id"] for hit in found["hits"]]
         assert http("POST", f"{api}/v1/search", "key-b", {"user_id": "ann", "query": record["content"]})[1]["hits"] == []
         assert http("GET", record_path, "key-b")[0] == 404
