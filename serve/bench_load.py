@@ -28,7 +28,7 @@ import httpx2
 import numpy as np
 import yaml
 
-from dimmem.loaders import load_conversations
+from dimmem.loaders import conversation_messages, load_conversations
 from dimmem.paths import CONFIG_DIR, shared_data, write_json
 from serve.demo import toy_messages
 from serve.launch import Service, free_port
@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         questions = [(user, q["question"]) for user, (_, queries) in chats.items() for q in queries]
     else:
         conversations = load_conversations("locomo", args.locomo)[:args.users]
-        preload = {c.id: [{"role": "user", "name": t.speaker, "content": t.text, "timestamp": t.session_time,
-                           "session_id": t.session_id} for t in c.turns] for c in conversations}
+        preload = {c.id: conversation_messages(c) for c in conversations}
         questions = [(c.id, qa["question"]) for c in conversations for qa in c.metadata.get("qa", [])]
 
     def search(i, n):

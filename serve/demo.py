@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from data_gen.toyworld import generate_dialogue
+from dimmem.loaders import conversation_messages
 from dimmem.memory_config import load_memory_config
 from dimmem.paths import write_json
 from serve.config import load_serve_config
@@ -40,8 +41,7 @@ def toy_messages(index: int) -> tuple[list[dict], list[dict]]:
     """A generated toy conversation as chat messages, and the toy world's questions about it, each with
     the true memory it asks about (query `...#q<n>` is about the n-th record)."""
     dialogue = generate_dialogue(index, seed=0)
-    messages = [{"role": "user", "name": t.speaker, "content": t.text, "timestamp": t.session_time,
-                 "session_id": t.session_id} for t in dialogue.conversation.turns]
+    messages = conversation_messages(dialogue.conversation)
     queries = [{**q, "truth": dialogue.records[int(q["id"].rsplit("q", 1)[1]) - 1].content}
                for q in dialogue.conversation.metadata["queries"]]
     return messages, queries

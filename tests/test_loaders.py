@@ -146,3 +146,15 @@ def test_unknown_format_and_missing_file(tmp_path):
         load_conversations("csv", tmp_path / "x")
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_conversations("locomo", tmp_path / "missing.json")
+
+
+def test_conversation_messages_read_back_as_the_same_dialogue():
+    from data_gen.toyworld import generate_dialogue
+    from dimmem.loaders import conversation_from_messages, conversation_messages
+    from dimmem.loaders._fields import Record
+
+    original = generate_dialogue(3, seed=0).conversation
+    back = conversation_from_messages({"messages": conversation_messages(original), "id": original.id},
+                                      Record("messages", "test"), original.id)
+    assert [(t.speaker, t.text, t.session_id, t.session_time) for t in back.turns] == \
+        [(t.speaker, t.text, t.session_id, t.session_time) for t in original.turns]

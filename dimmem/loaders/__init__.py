@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Callable
 
 from dimmem.conversation import Conversation
-from dimmem.loaders.chat_jsonl import conversation_from_messages, load_chat_jsonl
+from dimmem.loaders.chat_jsonl import conversation_from_messages, conversation_messages, load_chat_jsonl
 from dimmem.loaders.locomo import load_locomo
 from dimmem.loaders.longmemeval import load_longmemeval
 from dimmem.loaders.memorybank import load_memorybank
@@ -26,4 +26,4 @@ def load_conversations(fmt: str, path: str | Path) -> list[Conversation]:
     return LOADERS[fmt](path)
 
 
-__all__ = ["LOADERS", "load_conversations", "conversation_from_messages"]
+__all__ = ["LOADERS", "load_conversations", "conversation_from_messages", "conversation_messages"]

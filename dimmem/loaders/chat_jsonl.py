@@ -70,6 +70,13 @@ def conversation_from_messages(obj: Any, rec: Record, default_id: str) -> Conver
     return Conversation(id=conv_id, turns=turns, metadata={"source": "chat_jsonl"})
 
 
+def conversation_messages(conversation: Conversation) -> list[dict]:
+    """A conversation as the chat messages `conversation_from_messages` reads: participants speak as
+    "user" under their names; each message carries its session and the session's time."""
+    return [{"role": "assistant" if t.role == "assistant" else "user", "name": t.speaker, "content": t.text,
+             "timestamp": t.session_time, "session_id": t.session_id} for t in conversation.turns]
+
+
 def _text(rec: Record, msg: dict, where: str) -> str:
     content = rec.get(msg, "content", (str, list), f"{where}.content")
     if isinstance(content, str):
