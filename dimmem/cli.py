@@ -67,11 +67,9 @@ def run_windows(args) -> int:
     return 0
 
 
-
 def _train_parser(sub) -> None:
     # Listed for --help only: `main` hands `dimmem train ...` to TRL's own parser (python -m train).
     sub.add_parser("train", help="LoRA SFT (TRL): --config configs/train/NAME.yaml [--any_sft_field value ...]")
-
 
 
 def _memory_parser(sub) -> None:
@@ -156,8 +154,6 @@ def run_memory_search(args) -> int:
     for turn in result.assistant_context:
         print(f"   assistant said: {turn['text']}")
     return 0
-
-
 
 
 # Stages whose flags are defined by their own package (`add_arguments`, `run_cli` in MODULE).

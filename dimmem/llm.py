@@ -42,9 +42,9 @@ class RawReply:
 
 class ChatModel:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, api_key_env: str | None = None,
-                 constrained: bool = True,
-                 temperature: float = 0.0, max_tokens: int = 1024, max_tokens_cap: int = 4096, timeout: float = 120.0,
-                 max_retries: int = 4, attempts: int = 2, extra_body: dict | None = None, http_client=None):
+                 constrained: bool = True, temperature: float = 0.0, max_tokens: int = 1024, max_tokens_cap: int = 4096,
+                 timeout: float = 120.0, max_retries: int = 4, attempts: int = 2, extra_body: dict | None = None,
+                 http_client=None):
         if api_key is None and api_key_env:  # configs name the variable; the key never sits in a file
             api_key = os.environ.get(api_key_env)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout,

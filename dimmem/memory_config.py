@@ -70,8 +70,8 @@ class MemoryConfig(_Section):
         model = None
         if self.model is not None:
             m = self.model
-            model = ChatModel(m.base_url, m.model, api_key_env=m.api_key_env, constrained=m.constrained, max_tokens=m.max_tokens, max_tokens_cap=m.max_tokens_cap,
-                              timeout=m.timeout, max_retries=m.max_retries)
+            model = ChatModel(m.base_url, m.model, api_key_env=m.api_key_env, constrained=m.constrained, max_tokens=m.max_tokens,
+                              max_tokens_cap=m.max_tokens_cap, timeout=m.timeout, max_retries=m.max_retries)
         extractor = {"model": lambda: EndpointExtractor(model, self.model.concurrency),
                      "replay": lambda: ReplayExtractor(self.labels), "turns": TurnExtractor}[self.extractor]()
         count_tokens = None

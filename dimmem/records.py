@@ -112,6 +112,10 @@ def window_schema(citable: dict[str, list[str]]) -> dict:
     names one of those speakers and cites only new turns of that speaker (at least one): the pointer
     rules (source_turns_unknown/overlap/empty, speaker_mismatch) enforced while decoding, not after."""
     schema = json_schema("extract")
+    memories = schema["properties"]["memories"]
+    if not citable:  # no new turns: nothing may be cited, so no memory can be valid
+        memories["maxItems"] = 0
+        return schema
     record = schema["$defs"].pop("MemoryRecord")
     variants = []
     for i, (speaker, turns) in enumerate(citable.items()):
@@ -121,9 +125,7 @@ def window_schema(citable: dict[str, list[str]]) -> dict:
         props["source_turns"] = {**props["source_turns"], "items": {"type": "string", "enum": list(turns)}, "minItems": 1}
         schema["$defs"][f"MemoryOfSpeaker{i}"] = variant
         variants.append({"$ref": f"#/$defs/MemoryOfSpeaker{i}"})
-    # no new turns: nothing may be cited, so no memory can be valid
-    schema["properties"]["memories"] = {**schema["properties"]["memories"], **(
-        {"items": {"anyOf": variants}} if variants else {"items": {"type": "object"}, "maxItems": 0})}
+    memories["items"] = {"anyOf": variants}
     return schema
 
 
