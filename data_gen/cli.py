@@ -1,17 +1,25 @@
 """`dimmem datagen` / `python -m data_gen`: label windows with a teacher and build the SFT dataset."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from data_gen.config import load_config
-from data_gen.teacher import FatalTeacherError
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="configs/datagen/NAME.yaml")
-    p.add_argument("--format", help="source format: locomo, longmemeval, chat_jsonl, memorybank, hf_messages, toy")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set teacher.rpm=100 (repeatable)",
+    )
+    p.add_argument(
+        "--format", help="source format: locomo, longmemeval, chat_jsonl, memorybank, hf_messages, toy"
+    )
     p.add_argument("--input", help="source file (or dataset folder / Hub name for hf_messages)")
     p.add_argument("--out", help="output folder (cache, dataset, report, card)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
@@ -24,22 +32,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer for the budget (default: the target model's)")
     p.add_argument("--limit", type=int, help="at most this many jobs per task (smoke runs)")
     p.add_argument("--batch", action="store_true", default=None, help="use the OpenAI Batch API")
-    p.add_argument("--retry-quarantined", action="store_true", default=None, help="send quarantined jobs again")
+    p.add_argument(
+        "--retry-quarantined", action="store_true", default=None, help="send quarantined jobs again"
+    )
     p.add_argument("--push-to-hub", metavar="REPO", help="push dataset and card to this Hub dataset repo")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    from data_gen.config import OVERRIDES
+def run(args: argparse.Namespace) -> int:
+    from data_gen.config import FLAGS, DatagenConfig
     from data_gen.dataset import push_to_hub
-    from data_gen.run import run
+    from data_gen.run import run as run_datagen
+    from dimmem.config import load_config, parse_overrides
+    from dimmem.llm import FatalModelError
 
-    cfg = load_config(args.config, {flag: getattr(args, flag) for flag in OVERRIDES})
+    flags = {key: getattr(args, flag) for flag, key in FLAGS.items()}
+    cfg = load_config(DatagenConfig, args.config, {**parse_overrides(args.overrides), **flags})
     try:
-        report = run(cfg, show_progress=not args.quiet)
-    except FatalTeacherError as exc:
-        print(f"dimmem datagen: stopped: {exc} (responses stored so far are kept; re-run to resume)", file=sys.stderr)
+        report = run_datagen(cfg, show_progress=not args.quiet)
+    except FatalModelError as exc:
+        print(
+            f"dimmem datagen: stopped: {exc} (responses stored so far are kept; re-run to resume)",
+            file=sys.stderr,
+        )
         return 3
     print(json.dumps(report, indent=2))
     if args.push_to_hub:
@@ -53,7 +69,9 @@ def run_cli(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data_gen", description=__doc__)
     add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    from dimmem.errors import run_command
+
+    return run_command("datagen", run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

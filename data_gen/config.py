@@ -1,112 +1,84 @@
-"""The datagen run configuration: a YAML file (`configs/datagen/*.yaml`) with command-line overrides.
+"""The datagen run configuration: `configs/datagen/*.yaml`, overridden by flags or `--set key=value`,
+loaded by the one config loader (`dimmem.config`). The teacher is a `dimmem.llm.ModelConfig` with the
+teacher's own defaults; its API key is read from the environment variable `api_key_env` names."""
 
-The API key is never part of it: the teacher reads it from the environment variable `api_key_env` names.
-"""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import Field
+
+from dimmem.config import Section, WindowConfig
+from dimmem.llm import ModelConfig, Price
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SourceConfig(_Section):
+class SourceConfig(Section):
     format: str  # a dimmem loader format, "hf_messages" (a saved or Hub dataset in messages form) or "toy"
     input: str | None = None
     split: str = "train"  # for hf_messages
     # toy world
     seed: int = 0
-    conversations: int = 40
-    sessions: int = 4
-    stories_per_session: int = 4
+    conversations: int = Field(40, ge=1)
+    sessions: int = Field(4, ge=1)
+    stories_per_session: int = Field(4, ge=1)
 
 
-class WindowConfig(_Section):
-    window: int = 25
-    overlap: int = 5
-    max_tokens: int | None = 4096
-    tokenizer: str = "Qwen/Qwen3-4B"
-
-
-class TeacherConfig(_Section):
+class TeacherConfig(ModelConfig):
     kind: Literal["openai", "oracle"] = "openai"  # oracle: ground truth of the toy world, no LLM
-    base_url: str | None = None  # None: the OpenAI API
     model: str = "gpt-4.1"
-    api_key_env: str = "OPENAI_API_KEY"
-    structured_outputs: bool = True  # strict JSON Schema; False: plain JSON mode for endpoints without it
-    temperature: float = 0.0
-    max_tokens: int = 2048
-    max_tokens_cap: int = 8192  # truncated answers are retried with double the budget up to this cap
-    timeout: float = 120.0
-    extra_body: dict = {}  # passed through, e.g. {"chat_template_kwargs": {"enable_thinking": false}}
-    concurrency: int = 16
-    rpm: float | None = None  # requests per minute
-    tpm: float | None = None  # tokens per minute (prompt + max_tokens, as providers count them)
-    max_retries: int = 6
-    backoff_base: float = 1.0
-    backoff_max: float = 60.0
-    repair_rounds: int = 1
+    api_key_env: str | None = "OPENAI_API_KEY"
+    max_tokens: int = Field(2048, ge=1)
+    max_tokens_cap: int = Field(8192, ge=1)
+    max_retries: int = Field(6, ge=0)
+    concurrency: int = Field(16, ge=1)
+    repair_rounds: int = Field(
+        1, ge=0
+    )  # invalid answers are sent back with the validator's report this often
 
 
-class TaskConfig(_Section):
+class TaskConfig(Section):
     extract: bool = True
     parse_query: bool = True
     consolidate: bool = True
-    consolidate_candidates: int = 2  # earlier records each new record is paired with, at most
+    consolidate_candidates: int = Field(2, ge=1)  # earlier records each new record is paired with, at most
 
 
-class SplitConfig(_Section):
-    validation: float = 0.1
-    test: float = 0.1
+class SplitConfig(Section):
+    validation: float = Field(0.1, ge=0, lt=1)
+    test: float = Field(0.1, ge=0, lt=1)
     seed: int = 0
 
 
-class Price(_Section):
-    input: float  # USD per million tokens
-    output: float
-
-
-class DatagenConfig(_Section):
+class DatagenConfig(Section):
     source: SourceConfig
     out: str
-    windows: WindowConfig = WindowConfig()
+    windows: WindowConfig = WindowConfig(window=25, overlap=5, max_tokens=4096, tokenizer="Qwen/Qwen3-4B")
     teacher: TeacherConfig = TeacherConfig()
     tasks: TaskConfig = TaskConfig()
     split: SplitConfig = SplitConfig()
-    prices: dict[str, Price] = {}
-    limit: int | None = None  # at most this many windows
-    batch: bool = False
-    batch_poll_seconds: float = 30.0
-    batch_price_factor: float = 0.5  # Batch API requests cost this fraction of the listed price
+    prices: dict[str, Price] = {}  # model name -> USD per million tokens
+    limit: int | None = Field(None, ge=1)  # at most this many jobs per task (smoke runs)
+    batch: bool = False  # the OpenAI Batch API instead of online requests
+    batch_poll_seconds: float = Field(30.0, gt=0)
+    batch_price_factor: float = Field(0.5, gt=0)  # Batch API requests cost this fraction of the listed price
     retry_quarantined: bool = False
     license: str | None = None  # of the source data, for the dataset card
 
 
-# command-line flag -> dotted config field
-OVERRIDES = {
-    "format": "source.format", "input": "source.input", "out": "out", "base_url": "teacher.base_url",
-    "model": "teacher.model", "concurrency": "teacher.concurrency", "window": "windows.window",
-    "overlap": "windows.overlap", "max_tokens": "windows.max_tokens", "tokenizer": "windows.tokenizer",
-    "limit": "limit", "batch": "batch", "retry_quarantined": "retry_quarantined", "teacher": "teacher.kind",
+# command-line flag -> dotted config key
+FLAGS = {
+    "format": "source.format",
+    "input": "source.input",
+    "out": "out",
+    "base_url": "teacher.base_url",
+    "model": "teacher.model",
+    "concurrency": "teacher.concurrency",
+    "window": "windows.window",
+    "overlap": "windows.overlap",
+    "max_tokens": "windows.max_tokens",
+    "tokenizer": "windows.tokenizer",
+    "limit": "limit",
+    "batch": "batch",
+    "retry_quarantined": "retry_quarantined",
+    "teacher": "teacher.kind",
 }
-
-
-def load_config(path: str | Path, overrides: dict | None = None) -> DatagenConfig:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    for flag, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = raw
-        *parents, leaf = OVERRIDES[flag].split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    try:
-        return DatagenConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ValueError(f"{path}: invalid datagen config:\n{exc}") from None

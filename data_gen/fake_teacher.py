@@ -8,30 +8,34 @@ truncated. It also implements the Batch API endpoints (files, batches) over the 
 
     python -m data_gen.fake_teacher --port 8011 --latency 0.05 [--script faults.json]
 """
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections import defaultdict
 
 import httpx2
-
 from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
+
+from dimmem.launch import Service, free_port
 
 _NEW_TURN = re.compile(r"^(t\d+) (\S+): (.+)$", re.MULTILINE)
 
 
 class FakeTeacher:
-    def __init__(self, script: dict[str, list[str]] | None = None, latency: float = 0.0, timeout_sleep: float = 30.0):
+    def __init__(
+        self, script: dict[str, list[str]] | None = None, latency: float = 0.0, timeout_sleep: float = 30.0
+    ):
         self.script = script or {}
         self.latency, self.timeout_sleep = latency, timeout_sleep
         self.seen: dict[str, int] = defaultdict(int)
@@ -55,7 +59,11 @@ class FakeTeacher:
     def respond(self, body: dict, behaviour: str) -> tuple[int, dict, dict]:
         """(status, headers, JSON body) for one chat-completions request."""
         if behaviour == "429":
-            return 429, {"retry-after": "0.2"}, {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}
+            return (
+                429,
+                {"retry-after": "0.2"},
+                {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}},
+            )
         if behaviour == "500":
             return 500, {}, {"error": {"message": "The server had an error", "type": "server_error"}}
         value = self.answer(body, behaviour)
@@ -64,11 +72,29 @@ class FakeTeacher:
             content = "Sure! Here are the memories I found in this conversation."
         elif behaviour == "truncated":
             content, finish = content[: len(content) // 2], "length"
-        usage = {"prompt_tokens": sum(len(m["content"]) for m in body["messages"]) // 4, "completion_tokens": len(content) // 4}
+        usage = {
+            "prompt_tokens": sum(len(m["content"]) for m in body["messages"]) // 4,
+            "completion_tokens": len(content) // 4,
+        }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return 200, {}, {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-                         "model": body.get("model", "fake"), "usage": usage,
-                         "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}]}
+        return (
+            200,
+            {},
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "fake"),
+                "usage": usage,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": finish,
+                        "message": {"role": "assistant", "content": content},
+                    }
+                ],
+            },
+        )
 
     def answer(self, body: dict, behaviour: str) -> dict | str:
         if "response_format" not in body:
@@ -76,7 +102,13 @@ class FakeTeacher:
         name = body.get("response_format", {}).get("json_schema", {}).get("name", "")
         prompt = body["messages"][1]["content"]
         if "parse_query" in name or prompt.startswith("Reference date:"):
-            return {"target_types": ["episodic"], "time": None, "location": None, "keywords": ["question"], "need_assistant_context": False}
+            return {
+                "target_types": ["episodic"],
+                "time": None,
+                "location": None,
+                "keywords": ["question"],
+                "need_assistant_context": False,
+            }
         if "consolidate" in name or prompt.startswith("Stored candidate"):
             return {"action": "KEEP_BOTH", "memory": None}
         new_part = prompt.split("## New turns", 1)[-1]
@@ -84,8 +116,17 @@ class FakeTeacher:
         if not turns:
             return {"memories": []}
         local_id, speaker, text = turns[0]
-        memory = {"source_turns": [local_id], "speaker": speaker, "content": f"{speaker} said: {text}",
-                  "type": "fact", "time": None, "location": None, "reason": None, "purpose": None, "keywords": [speaker]}
+        memory = {
+            "source_turns": [local_id],
+            "speaker": speaker,
+            "content": f"{speaker} said: {text}",
+            "type": "fact",
+            "time": None,
+            "location": None,
+            "reason": None,
+            "purpose": None,
+            "keywords": [speaker],
+        }
         if behaviour == "schema":
             del memory["keywords"]
         elif behaviour == "overlap":
@@ -112,24 +153,44 @@ class FakeTeacher:
     def create_file(self, content: bytes) -> dict:
         file_id = f"file-{uuid.uuid4().hex[:12]}"
         self.files[file_id] = content
-        return {"id": file_id, "object": "file", "bytes": len(content), "created_at": int(time.time()),
-                "filename": "input.jsonl", "purpose": "batch", "status": "processed"}
+        return {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": int(time.time()),
+            "filename": "input.jsonl",
+            "purpose": "batch",
+            "status": "processed",
+        }
 
     def create_batch(self, input_file_id: str) -> dict:
         out, errors = [], []
         for line in self.files[input_file_id].decode().splitlines():
             request = json.loads(line)
             status, _, body = self.respond(request["body"], self.behaviour(request["body"]))
-            row = {"id": f"req-{uuid.uuid4().hex[:8]}", "custom_id": request["custom_id"],
-                   "response": {"status_code": status, "body": body}, "error": None}
+            row = {
+                "id": f"req-{uuid.uuid4().hex[:8]}",
+                "custom_id": request["custom_id"],
+                "response": {"status_code": status, "body": body},
+                "error": None,
+            }
             (out if status == 200 else errors).append(json.dumps(row))
         batch_id = f"batch-{uuid.uuid4().hex[:12]}"
         output = self.create_file("\n".join(out).encode())["id"] if out else None
         error = self.create_file("\n".join(errors).encode())["id"] if errors else None
-        self.batches[batch_id] = {"id": batch_id, "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
-                                  "input_file_id": input_file_id, "completion_window": "24h", "status": "completed",
-                                  "output_file_id": output, "error_file_id": error, "created_at": int(time.time()),
-                                  "request_counts": {"total": len(out) + len(errors), "completed": len(out), "failed": len(errors)}}
+        self.batches[batch_id] = {
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": "/v1/chat/completions",
+            "errors": None,
+            "input_file_id": input_file_id,
+            "completion_window": "24h",
+            "status": "completed",
+            "output_file_id": output,
+            "error_file_id": error,
+            "created_at": int(time.time()),
+            "request_counts": {"total": len(out) + len(errors), "completed": len(out), "failed": len(errors)},
+        }
         return self.batches[batch_id]
 
 
@@ -164,38 +225,49 @@ def create_app(fake: FakeTeacher) -> FastAPI:
     return app
 
 
-class FakeTeacherProcess:
-    """This server in its own process on a free loopback port (for tests and the benchmark)."""
+class FakeTeacherProcess(Service):
+    """This server in its own process on a free loopback port (for tests and the benchmark), started at
+    once and stopped with `stop()`."""
 
-    def __init__(self, latency: float = 0.0, script_path: str | None = None, start_timeout: float = 30.0):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "data_gen.fake_teacher", "--port", str(self.port), "--latency", str(latency)]
-        self.proc = subprocess.Popen(cmd + (["--script", str(script_path)] if script_path else []))
+    def __init__(
+        self,
+        latency: float = 0.0,
+        script_path: str | None = None,
+        start_timeout: float = 30.0,
+        log: str | None = None,
+    ):
+        self.port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "data_gen.fake_teacher",
+            "--port",
+            str(self.port),
+            "--latency",
+            str(latency),
+        ]
+        command += ["--script", str(script_path)] if script_path else []
+        log = log or tempfile.NamedTemporaryFile(prefix="fake-teacher-", suffix=".log", delete=False).name
+        super().__init__(
+            command,
+            f"http://127.0.0.1:{self.port}/stats",
+            log,
+            startup_timeout=start_timeout,
+            name="fake teacher",
+        )
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.monotonic() + start_timeout
-        while True:
-            try:
-                self.requests()
-                return
-            except httpx2.HTTPError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("fake teacher server did not start") from None
-                time.sleep(0.1)
+        self.__enter__()
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.process
 
     def requests(self) -> int:
         """Chat completions the server has received so far."""
         return httpx2.get(f"http://127.0.0.1:{self.port}/stats", timeout=2).json()["requests"]
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # a scripted "timeout" request is still asleep
-            self.proc.kill()
-            self.proc.wait()
+    def stop(self, grace: float = 5.0) -> None:
+        super().stop(grace)
 
 
 def main() -> None:
@@ -204,11 +276,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8011)
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each chat completion answers")
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds before each chat completion answers"
+    )
     parser.add_argument("--script", help="JSON file mapping a prompt marker to a list of behaviours")
     args = parser.parse_args()
     script = json.load(open(args.script)) if args.script else None
-    uvicorn.run(create_app(FakeTeacher(script, args.latency)), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(
+        create_app(FakeTeacher(script, args.latency)), host=args.host, port=args.port, log_level="warning"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """A datagen run from config to outputs: load, window, label (online or Batch API), build the dataset."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,104 +11,136 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_gen import batch as batch_api
+from data_gen.batch import BatchClient
 from data_gen.config import DatagenConfig
 from data_gen.dataset import build_dataset, dataset_card, global_memories, quarantine_reasons, write_outputs
 from data_gen.jobs import Job, consolidate_jobs, extract_jobs, parse_query_jobs
-from data_gen.labeler import Accounting, BatchQueue, Labeler, Outcome, label_all
-from data_gen.store import Store
-from data_gen.teacher import OpenAITeacher
-from dimmem.conversation import Conversation
-from dimmem.loaders import LOADERS, conversation_from_messages, load_conversations
-from dimmem.loaders._fields import Record
+from data_gen.labeler import Labeler, Outcome, label_all
+from data_gen.store import JobStore
+from data_gen.teacher import ModelTeacher
+from dimmem.cache import ResponseCache
+from dimmem.config import ConfigError
+from dimmem.contract.conversation import Conversation
+from dimmem.contract.loaders import LOADERS, conversation_from_messages, load_conversations
+from dimmem.contract.loaders._fields import Record
+from dimmem.llm import ModelClient, Usage
 
 
 def load_source(cfg: DatagenConfig) -> tuple[list[Conversation], list | None]:
     """Conversations, and the toy world when the source is generated."""
     src = cfg.source
     if src.format == "toy":
-        from data_gen.toyworld import generate_world
+        from dimmem.contract.toyworld import generate_world
 
         world = generate_world(src.conversations, src.seed, src.sessions, src.stories_per_session)
         return [d.conversation for d in world], world
     if src.format == "hf_messages":
         from datasets import load_dataset, load_from_disk
 
-        rows = load_from_disk(src.input) if Path(src.input).is_dir() else load_dataset(src.input, split=src.split)
+        rows = (
+            load_from_disk(src.input)
+            if Path(src.input).is_dir()
+            else load_dataset(src.input, split=src.split)
+        )
         if hasattr(rows, "keys"):
             rows = rows[src.split]
-        return [conversation_from_messages(row, Record(src.input, i), f"row-{i}") for i, row in enumerate(rows)], None
+        return [
+            conversation_from_messages(row, Record(src.input, i), f"row-{i}") for i, row in enumerate(rows)
+        ], None
     if src.format not in LOADERS:
-        raise ValueError(f"unknown source format {src.format!r}; expected toy, hf_messages or one of {sorted(LOADERS)}")
+        raise ConfigError(
+            f"unknown source format {src.format!r}; expected toy, hf_messages or one of {sorted(LOADERS)}"
+        )
     if not src.input:
-        raise ValueError(f"source format {src.format!r} needs an input file (--input)")
+        raise ConfigError(f"source format {src.format!r} needs an input file (--input)")
     return load_conversations(src.format, src.input), None
 
 
-def make_teacher(cfg: DatagenConfig, world, http_client=None):
+def make_teacher(cfg: DatagenConfig, world, cache: ResponseCache, http_client=None):
+    """The oracle (toy world), or the configured model through the one client, online or by batch."""
     if cfg.teacher.kind == "oracle":
         if world is None:
-            raise ValueError("the oracle teacher labels only the toy world (source.format: toy)")
+            raise ConfigError("the oracle teacher labels only the toy world (source.format: toy)")
         from data_gen.oracle import OracleTeacher
 
         return OracleTeacher(world)
-    return OpenAITeacher(cfg.teacher, http_client=http_client)
+    client_class = BatchClient if cfg.batch else ModelClient
+    return ModelTeacher(
+        client_class(
+            cfg.teacher, cache=cache, price=cfg.prices.get(cfg.teacher.model), async_http_client=http_client
+        )
+    )
 
 
 class Progress:
     """A progress bar with rate, ETA, money spent and quarantine count."""
 
-    def __init__(self, total: int, desc: str, accounting: Accounting, enabled: bool):
+    def __init__(self, total: int, desc: str, usage: Usage, enabled: bool):
         self.bar = tqdm(total=total, desc=desc, unit="job", disable=not enabled or None)
-        self.accounting, self.quarantined = accounting, 0
+        self.usage, self.quarantined = usage, 0
 
     def __call__(self, outcome: Outcome | None) -> None:
         self.quarantined += outcome is not None and outcome.status == "quarantined"
-        a = self.accounting
-        self.bar.set_postfix(sent=a.requests_sent, cached=a.cache_hits, quarantined=self.quarantined, cost=f"${a.cost_usd:.4f}", refresh=False)
+        u = self.usage
+        self.bar.set_postfix(
+            sent=u.requests,
+            cached=u.cache_hits,
+            quarantined=self.quarantined,
+            cost=f"${u.cost_usd:.4f}",
+            refresh=False,
+        )
         self.bar.update(1)
 
     def close(self) -> None:
         self.bar.close()
 
 
-async def label_phase(labeler: Labeler, jobs: list[Job], cfg: DatagenConfig, desc: str, show: bool) -> list[Outcome]:
+async def label_phase(
+    labeler: Labeler, jobs: list[Job], cfg: DatagenConfig, desc: str, show: bool
+) -> list[Outcome]:
     if not cfg.batch:
-        progress = Progress(len(jobs), desc, labeler.accounting, show)
+        progress = Progress(len(jobs), desc, labeler.teacher.usage, show)
         try:
             return await label_all(labeler, jobs, cfg.teacher.concurrency, progress)
         finally:
             progress.close()
-    folder = Path(cfg.out) / "batches"
-    while True:  # each round: finish open batches, replay from the store, submit what is still missing
-        for batch_id in labeler.store.open_batches():
-            await batch_api.collect(labeler, batch_id, folder, cfg.batch_poll_seconds, cfg.batch_price_factor)
-        labeler.queue = BatchQueue()
+    client, folder = labeler.teacher.client, Path(cfg.out) / "batches"
+    while True:  # each round: finish open batches, answer from the cache, submit what is still missing
+        for batch_id in labeler.jobs.open_batches():
+            await batch_api.collect(
+                client, labeler.jobs, batch_id, folder, cfg.batch_poll_seconds, cfg.batch_price_factor
+            )
         outcomes = await label_all(labeler, jobs, max(cfg.teacher.concurrency, 256))
-        if not labeler.queue.requests:
-            labeler.queue = None
+        if not client.queue:
             return outcomes
-        batch_id = await batch_api.submit(labeler, folder)
-        print(f"{desc}: submitted batch {batch_id} with {len(labeler.queue.requests)} requests", file=sys.stderr)
+        n = len(client.queue)
+        batch_id = await batch_api.submit(client, labeler.jobs, folder)
+        print(f"{desc}: submitted batch {batch_id} with {n} requests", file=sys.stderr)
 
 
 def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dict:
     started = time.monotonic()
     out = Path(cfg.out)
     conversations, world = load_source(cfg)
-    teacher = make_teacher(cfg, world, http_client)
     count_tokens = None
     if cfg.windows.max_tokens:
-        from dimmem.prompts import extract_prompt_counter
-        from dimmem.tokens import load_tokenizer
+        from dimmem.contract.prompts import extract_prompt_counter
 
-        count_tokens = extract_prompt_counter(load_tokenizer(cfg.windows.tokenizer))
-    store = Store(out / "cache.sqlite")
-    accounting = Accounting()
-    labeler = Labeler(teacher, store, cfg, accounting, cfg.prices.get(teacher.model))
+        count_tokens = extract_prompt_counter(cfg.windows.tokenizer)
+    cache, jobs_store = ResponseCache(out / "cache.sqlite"), JobStore(out / "cache.sqlite")
+    teacher = make_teacher(cfg, world, cache, http_client)
+    labeler = Labeler(teacher, jobs_store, cfg.teacher, cfg.retry_quarantined)
     try:
         jobs: list[Job] = []
         if cfg.tasks.extract:
-            jobs += extract_jobs(conversations, cfg.windows.window, cfg.windows.overlap, cfg.windows.max_tokens, count_tokens, cfg.limit)
+            jobs += extract_jobs(
+                conversations,
+                cfg.windows.window,
+                cfg.windows.overlap,
+                cfg.windows.max_tokens,
+                count_tokens,
+                cfg.limit,
+            )
         if cfg.tasks.parse_query:
             jobs += parse_query_jobs(conversations)[: cfg.limit]
         outcomes = asyncio.run(label_phase(labeler, jobs, cfg, "labeling", show_progress))
@@ -119,21 +152,44 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
             pairs = consolidate_jobs(records, cfg.tasks.consolidate_candidates)[: cfg.limit]
             outcomes += asyncio.run(label_phase(labeler, pairs, cfg, "consolidating", show_progress))
     finally:
-        store.close()
+        jobs_store.close()
+        cache.close()
 
+    usage = teacher.usage
     status = Counter(o.status for o in outcomes)
     n_windows = sum(o.job.task == "extract" for o in outcomes)
-    report = {"windows": n_windows, "other_jobs": len(outcomes) - n_windows, "labeled": status["labeled"],
-              "repaired": status["repaired"], "quarantined": status["quarantined"],
-              "by_task": {task: dict(Counter(o.status for o in outcomes if o.job.task == task))
-                          for task in dict.fromkeys(o.job.task for o in outcomes)},
-              "requests_sent": accounting.requests_sent, "cache_hits": accounting.cache_hits,
-              "truncation_retries": accounting.truncation_retries, "input_tokens": accounting.input_tokens,
-              "output_tokens": accounting.output_tokens, "cost_usd": round(accounting.cost_usd, 6),
-              "teacher_model": teacher.model, "batch": cfg.batch, "elapsed_s": round(time.monotonic() - started, 2)}
+    report = {
+        "windows": n_windows,
+        "other_jobs": len(outcomes) - n_windows,
+        "labeled": status["labeled"],
+        "repaired": status["repaired"],
+        "quarantined": status["quarantined"],
+        "by_task": {
+            task: dict(Counter(o.status for o in outcomes if o.job.task == task))
+            for task in dict.fromkeys(o.job.task for o in outcomes)
+        },
+        "requests_sent": usage.requests,
+        "cache_hits": usage.cache_hits,
+        "retries": usage.retries,
+        "truncation_retries": usage.truncation_retries,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": round(usage.cost_usd, 6),
+        "teacher_model": teacher.model,
+        "batch": cfg.batch,
+        "elapsed_s": round(time.monotonic() - started, 2),
+    }
     dataset = build_dataset(outcomes, teacher.model, cfg.split.validation, cfg.split.test, cfg.split.seed)
     prompts = sorted({o.job.prompt.id for o in outcomes})
-    card = dataset_card(dataset, report, cfg.source.format, cfg.source.input, cfg.license, teacher.model, prompts,
-                        quarantine_reasons(outcomes))
+    card = dataset_card(
+        dataset,
+        report,
+        cfg.source.format,
+        cfg.source.input,
+        cfg.license,
+        teacher.model,
+        prompts,
+        quarantine_reasons(outcomes),
+    )
     write_outputs(out, dataset, outcomes, report, card)
     return report

@@ -3,6 +3,7 @@
 Datasets and the tokenizer are never copied into the project: they are read from
 `<repo root>/../shared/data`, or from `$DIMMEM_SHARED_DATA` when set.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,3 +36,15 @@ def write_json(path: str | Path, obj) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")
     return path
+
+
+def dataset_folder(path: str | Path) -> Path:
+    """The saved Hugging Face DatasetDict of a datagen output folder (`OUT/dataset`), or `path` itself
+    when it is one; FileNotFoundError naming the folder otherwise."""
+    path = Path(path)
+    for folder in (path / "dataset", path):
+        if (folder / "dataset_dict.json").is_file():
+            return folder
+    raise FileNotFoundError(
+        f"{path}: not a datagen output (no dataset_dict.json here or in {path / 'dataset'})"
+    )

@@ -1,1 +1,2 @@
-"""Evaluation: retrieval benchmarks of the memory runtime (extraction and QA metrics to come)."""
+"""Evaluation: extraction quality against reference labels, end-to-end memory QA (LoCoMo, LongMemEval),
+LLM-free retrieval benchmarks, and the runtime's speed benchmark."""

@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from dimmem.consolidate import MEMORY_FIELDS
-from dimmem.embed import Embedder
-from dimmem.loaders import load_conversations
-from dimmem.memory import Memory
+from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.runtime.embed import Embedder
+from dimmem.contract.loaders import load_conversations
+from dimmem.runtime.memory import Memory
 from dimmem.paths import shared_data, write_json
-from dimmem.query import content_words, lexical_terms, parse_query_rules
-from dimmem.retrieval import dimension_path
-from dimmem.store import MemoryStore
-from dimmem.vector_index import VectorIndex
+from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
+from dimmem.runtime.retrieval import dimension_path
+from dimmem.runtime.store import MemoryStore
+from dimmem.runtime.vector_index import VectorIndex
 from eval.retrieval import observation_records
 
 TYPES = ("episodic", "fact", "profile")
@@ -127,11 +127,13 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     result["dimension"] = percentiles(dimension)
     store.close()
 
-    memory = Memory(path, embedder=embedder)  # the runtime as users call it, with its default exact/HNSW choice
+    # the runtime as users call it, with its default exact/HNSW choice
+    memory = Memory({"store": str(path)}, embedder=embedder)
     memory.vectors = ann if n >= memory.vectors.ann_min else exact  # already loaded (timed above)
     memory.vectors.store = memory.store
     ann = exact = None  # the index the runtime does not use can be freed
-    _, searches = timed(lambda q: memory.search(q, "bench", k=10, reference_date="2023-10-01"), [(q,) for q, _ in qs])
+    _, searches = timed(lambda q: memory.search(q, user_id="bench", k=10, reference_date="2023-10-01"),
+                        [(q,) for q, _ in qs])
     result["search"] = percentiles(searches)
     memory.store.close()
     return result
@@ -142,10 +144,10 @@ def bench_ingest(texts: list[str], vectors: np.ndarray, embedder: Embedder, n: i
     rows = [r for r, _ in synthetic(n, texts, vectors)]
     out = {}
     for consolidate in (False, True):
-        memory = Memory(embedder=embedder)
+        memory = Memory({"store": ":memory:"}, embedder=embedder)
         start = time.perf_counter()
         for i in range(0, n, 500):
-            memory.add_records(rows[i:i + 500], "ingest", consolidate=consolidate)
+            memory.add_records(rows[i:i + 500], user_id="ingest", consolidate=consolidate)
         key = "with_update" if consolidate else "without_update"
         out[f"ingest_records_per_s_{key}"] = round(n / (time.perf_counter() - start))
     start = time.perf_counter()
@@ -156,9 +158,10 @@ def bench_ingest(texts: list[str], vectors: np.ndarray, embedder: Embedder, n: i
 
 def bench_update(conversations, embedder: Embedder) -> dict:
     """Embedding comparisons of the update path on LoCoMo observations vs comparing with every record."""
-    memory = Memory(embedder=embedder)
+    memory = Memory({"store": ":memory:"}, embedder=embedder)
     for conv in conversations:
-        memory.add_records([{k: r[k] for k in (*MEMORY_FIELDS, "id")} for r in observation_records(conv)], conv.id)
+        memory.add_records([{k: r[k] for k in (*MEMORY_FIELDS, "id")} for r in observation_records(conv)],
+                           user_id=conv.id)
     s = memory.stats
     return {"records": sum(len(observation_records(c)) for c in conversations), "comparisons": s["embedding_comparisons"],
             "baseline_comparisons": s["baseline_comparisons"],

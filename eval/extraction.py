@@ -10,12 +10,10 @@ prompt, so a killed run resumes where it stopped and a re-run re-scores without 
 DIR gets metrics.json, windows.jsonl (per-window scores), predictions.jsonl (re-scorable with
 --predictions), report.md and PNG plots.
 """
+
 from __future__ import annotations
 
-import hashlib
 import json
-import sqlite3
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -23,7 +21,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dimmem.validate import TurnScope
+from dimmem.cache import Completion, ResponseCache, digest
+from dimmem.contract.validate import TurnScope
+from dimmem.llm import ModelClient
+from dimmem.paths import dataset_folder
 from eval.metrics import aggregate, score_window
 
 
@@ -53,89 +54,77 @@ def load_references(spec: str, limit: int | None = None) -> list[Reference]:
     from datasets import load_from_disk
 
     folder, _, split = spec.partition(":")
-    path = Path(folder)
-    path = path / "dataset" if (path / "dataset").is_dir() else path
-    if not path.is_dir():
-        raise FileNotFoundError(f"--references {spec}: no dataset folder at {path}")
+    path = dataset_folder(folder)
     dataset = load_from_disk(str(path))
     split = split or "test"
     if split not in dataset:
         raise ValueError(f"--references {spec}: no split {split!r} (splits: {list(dataset)})")
     if "scope" not in dataset[split].column_names:
-        raise ValueError(f"--references {spec}: rows carry no turn scope (the overlap and speaker rules need it); "
-                         "re-run its datagen command with this version: answers come from its cache, nothing is re-paid")
+        raise ValueError(
+            f"--references {spec}: rows carry no turn scope (the overlap and speaker rules need it); "
+            "re-run its datagen command with this version: answers come from its cache, nothing is re-paid"
+        )
     rows = [r for r in dataset[split] if r.get("task", "extract") == "extract"]
     if not rows:
         raise ValueError(f"--references {spec}: split {split!r} has no extract windows")
-    refs = [Reference(r["window_id"], r["messages"][:-1], r["messages"][-1]["content"], TurnScope.from_json(r.get("scope")))
-            for r in rows]
+    refs = [
+        Reference(
+            r["window_id"],
+            r["messages"][:-1],
+            r["messages"][-1]["content"],
+            TurnScope.from_json(r.get("scope")),
+        )
+        for r in rows
+    ]
     return refs[:limit]
 
 
-class PredictionCache:
-    """SQLite, one row per answer, committed on arrival; safe to share between threads."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS predictions (key TEXT PRIMARY KEY, window_id TEXT, output TEXT, "
-                        "finish_reason TEXT, completion_tokens INTEGER, seconds REAL)")
-        self.lock = threading.Lock()
-
-    @staticmethod
-    def key(model_id: str, settings: dict, messages: list[dict]) -> str:
-        return hashlib.sha256(json.dumps([model_id, settings, messages], sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-    def get(self, key: str) -> Prediction | None:
-        with self.lock:
-            row = self.db.execute("SELECT window_id, output, finish_reason, completion_tokens, seconds FROM predictions "
-                                  "WHERE key=?", (key,)).fetchone()
-        return Prediction(*row, cached=True) if row else None
-
-    def put(self, key: str, p: Prediction) -> None:
-        with self.lock:
-            self.db.execute("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?,?,?)",
-                            (key, p.window_id, p.output, p.finish_reason, p.completion_tokens, p.seconds))
+def _prediction(window_id: str, completion: Completion) -> Prediction:
+    return Prediction(
+        window_id,
+        completion.text,
+        completion.finish_reason,
+        completion.output_tokens,
+        completion.seconds,
+        completion.cached,
+    )
 
 
-def predict_endpoint(refs: list[Reference], model, cache: PredictionCache, concurrency: int) -> dict[str, Prediction]:
-    """Answers from an OpenAI-compatible endpoint (`dimmem.llm.ChatModel`), one request per window."""
-    settings = {"base_url": str(model.client.base_url), "constrained": model.constrained, "max_tokens": model.max_tokens,
-                "temperature": model.temperature, "schema": "window"}  # constrained by each window's own schema
+def predict_endpoint(refs: list[Reference], client: ModelClient, max_tokens: int) -> dict[str, Prediction]:
+    """Answers from an OpenAI-compatible endpoint, one request per window under the window's own schema
+    (no truncation retry: what the model wrote within `max_tokens` is what is scored)."""
 
     def one(ref: Reference) -> Prediction:
-        key = cache.key(model.model, settings, ref.messages)
-        if (hit := cache.get(key)) is not None:
-            return hit
-        start = time.perf_counter()
-        raw = model.raw("extract", ref.messages, scope=ref.scope)
-        prediction = Prediction(ref.window_id, raw.text, raw.finish_reason, raw.completion_tokens, time.perf_counter() - start)
-        cache.put(key, prediction)
-        return prediction
+        body = client.body("extract", ref.messages, max_tokens, ref.scope)
+        return _prediction(ref.window_id, client.send(body, label=ref.window_id))
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        results = list(tqdm(pool.map(one, refs), total=len(refs), desc="generating", unit="window", disable=None))
+    with ThreadPoolExecutor(max_workers=client.config.concurrency) as pool:
+        results = list(
+            tqdm(pool.map(one, refs), total=len(refs), desc="generating", unit="window", disable=None)
+        )
     return {p.window_id: p for p in results}
 
 
-def predict_hf(refs: list[Reference], model_path: str, cache: PredictionCache, max_new_tokens: int,
-               batch_size: int) -> dict[str, Prediction]:
+def predict_hf(
+    refs: list[Reference], model_path: str, cache: ResponseCache, max_new_tokens: int, batch_size: int
+) -> dict[str, Prediction]:
     """Greedy answers from a local Hugging Face model or export folder (transformers, CPU or GPU)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dimmem.tokens import render_prompt
+    from dimmem.contract.tokens import render_prompt
 
     weights = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
-    model_id = f"hf:{Path(model_path).resolve()}:" + ",".join(f"{w.name}@{w.stat().st_mtime_ns}" for w in weights)
+    model_id = f"hf:{Path(model_path).resolve()}:" + ",".join(
+        f"{w.name}@{w.stat().st_mtime_ns}" for w in weights
+    )
     settings = {"max_new_tokens": max_new_tokens, "decoding": "greedy"}
     out: dict[str, Prediction] = {}
     todo = []
     for ref in refs:
-        key = cache.key(model_id, settings, ref.messages)
+        key = digest([model_id, settings, ref.messages])
         if (hit := cache.get(key)) is not None:
-            out[ref.window_id] = hit
+            out[ref.window_id] = _prediction(ref.window_id, hit)
         else:
             todo.append((key, ref))
     if not todo:
@@ -145,24 +134,39 @@ def predict_hf(refs: list[Reference], model_path: str, cache: PredictionCache, m
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").eval()
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
-    todo.sort(key=lambda item: len(item[1].messages[-1]["content"]))  # similar lengths share a batch: less padding
+    todo.sort(
+        key=lambda item: len(item[1].messages[-1]["content"])
+    )  # similar lengths share a batch: less padding
     with tqdm(total=len(todo), desc="generating", unit="window", disable=None) as bar:
         for start in range(0, len(todo), batch_size):
-            batch = todo[start:start + batch_size]
-            inputs = tokenizer([render_prompt(tokenizer, ref.messages) for _, ref in batch], return_tensors="pt",
-                               padding=True, add_special_tokens=False)
+            batch = todo[start : start + batch_size]
+            inputs = tokenizer(
+                [render_prompt(tokenizer, ref.messages) for _, ref in batch],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            )
             began = time.perf_counter()
             with torch.no_grad():
-                generated = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                           pad_token_id=tokenizer.pad_token_id)
+                generated = model.generate(
+                    **inputs,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
             seconds = (time.perf_counter() - began) / len(batch)
-            for (key, ref), row in zip(batch, generated[:, inputs["input_ids"].shape[1]:].tolist()):
+            for (key, ref), row in zip(batch, generated[:, inputs["input_ids"].shape[1] :].tolist()):
                 ended = next((i for i, t in enumerate(row) if t in eos), None)
                 answer = row[:ended] if ended is not None else row
-                prediction = Prediction(ref.window_id, tokenizer.decode(answer, skip_special_tokens=True),
-                                        "stop" if ended is not None else "length", len(answer), seconds)
-                cache.put(key, prediction)
-                out[ref.window_id] = prediction
+                completion = Completion(
+                    tokenizer.decode(answer, skip_special_tokens=True),
+                    "stop" if ended is not None else "length",
+                    inputs["input_ids"].shape[1],
+                    len(answer),
+                    seconds,
+                )
+                cache.put(key, completion, ref.window_id, model_id)
+                out[ref.window_id] = _prediction(ref.window_id, completion)
             bar.update(len(batch))
     return out
 
@@ -175,31 +179,52 @@ def read_predictions(path: str | Path) -> dict[str, Prediction]:
                 continue
             try:
                 row = json.loads(line)
-                out[row["window_id"]] = Prediction(row["window_id"], row["output"], row.get("finish_reason"),
-                                                   row.get("completion_tokens"), row.get("seconds"))
+                out[row["window_id"]] = Prediction(
+                    row["window_id"],
+                    row["output"],
+                    row.get("finish_reason"),
+                    row.get("completion_tokens"),
+                    row.get("seconds"),
+                )
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}: line {number}: expected {{\"window_id\", \"output\", ...}}: {exc}") from None
+                raise ValueError(
+                    f'{path}: line {number}: expected {{"window_id", "output", ...}}: {exc}'
+                ) from None
     return out
 
 
-def evaluate(refs: list[Reference], predictions: dict[str, Prediction], out: Path, run_info: dict, wall_seconds: float | None) -> dict:
+def evaluate(
+    refs: list[Reference],
+    predictions: dict[str, Prediction],
+    out: Path,
+    run_info: dict,
+    wall_seconds: float | None,
+) -> dict:
     """Score every window and write the run folder; returns metrics.json's content."""
     missing = [r.window_id for r in refs if r.window_id not in predictions]
     if missing:
         raise ValueError(f"no prediction for {len(missing)} of {len(refs)} windows (first: {missing[:3]})")
     out.mkdir(parents=True, exist_ok=True)
     windows = []
-    with open(out / "windows.jsonl", "w", encoding="utf-8") as per_window, open(out / "predictions.jsonl", "w", encoding="utf-8") as preds:
+    with (
+        open(out / "windows.jsonl", "w", encoding="utf-8") as per_window,
+        open(out / "predictions.jsonl", "w", encoding="utf-8") as preds,
+    ):
         for ref in refs:
             p = predictions[ref.window_id]
-            scores = {"window_id": ref.window_id, **score_window(p.output, ref.answer, ref.scope, p.finish_reason)}
+            scores = {
+                "window_id": ref.window_id,
+                **score_window(p.output, ref.answer, ref.scope, p.finish_reason),
+            }
             windows.append(scores)
             per_window.write(json.dumps(scores, ensure_ascii=False) + "\n")
             preds.write(json.dumps(p.row(), ensure_ascii=False) + "\n")
     metrics = aggregate(windows)
     known = [t for r in refs if (t := predictions[r.window_id].completion_tokens) is not None]
     fresh = [predictions[r.window_id] for r in refs if not predictions[r.window_id].cached]
-    timed = wall_seconds and fresh and run_info.get("source") != "predictions"  # throughput of what this run generated
+    timed = (
+        wall_seconds and fresh and run_info.get("source") != "predictions"
+    )  # throughput of what this run generated
     metrics.update(
         output_tokens_per_window=sum(known) / len(known) if known else None,
         windows_per_s=len(fresh) / wall_seconds if timed else None,

@@ -11,6 +11,7 @@ LongMemEval: one question per instance, judged with its question type's criterio
 Answers and judgments are cached in DIR/cache.sqlite and the store persists in DIR/memory.sqlite, so a
 killed run resumes without re-ingesting or re-asking.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,12 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from dimmem.llm import ChatModel
-from dimmem.loaders import load_conversations
-from dimmem.memory import Memory, label_memories
-from dimmem.prompts import PromptTemplate, human_date
-from eval.extraction import Prediction, PredictionCache
+from dimmem.cache import Completion
+from dimmem.contract.loaders import load_conversations
+from dimmem.contract.prompts import PromptTemplate, human_date
+from dimmem.llm import ModelClient
+from dimmem.runtime.labels import label_memories
+from dimmem.runtime.memory import Memory
 from eval.metrics import token_f1, tokens
 
 PROMPTS = Path(__file__).parent / "prompts" / "qa.v1.yaml"
@@ -37,9 +39,13 @@ PROMPTS = Path(__file__).parent / "prompts" / "qa.v1.yaml"
 @cache
 def prompts() -> dict:
     spec = yaml.safe_load(PROMPTS.read_text())
-    return {"answer": PromptTemplate("qa_answer", spec["version"], spec["answer"]["system"], spec["answer"]["user"]),
-            "judge": PromptTemplate("qa_judge", spec["version"], spec["judge"]["system"], spec["judge"]["user"]),
-            "criteria": spec["criteria"]}
+    return {
+        "answer": PromptTemplate(
+            "qa_answer", spec["version"], spec["answer"]["system"], spec["answer"]["user"]
+        ),
+        "judge": PromptTemplate("qa_judge", spec["version"], spec["judge"]["system"], spec["judge"]["user"]),
+        "criteria": spec["criteria"],
+    }
 
 
 def bleu1(candidate: str, reference: str) -> float:
@@ -57,38 +63,58 @@ def questions(conv, benchmark: str, categories: set[int]) -> list[dict]:
     if benchmark == "longmemeval":
         meta = conv.metadata
         qtype = "abstention" if conv.id.endswith("_abs") else meta.get("question_type", "default")
-        return [{"id": conv.id, "question": meta["question"], "gold": str(meta["answer"]), "category": qtype,
-                 "reference": meta.get("question_time") or conv.turns[-1].session_time}]
+        return [
+            {
+                "id": conv.id,
+                "question": meta["question"],
+                "gold": str(meta["answer"]),
+                "category": qtype,
+                "reference": meta.get("question_time") or conv.turns[-1].session_time,
+            }
+        ]
     out = []
     for i, qa in enumerate(conv.metadata.get("qa", [])):
         if qa.get("category") in categories:
             gold = qa.get("answer", qa.get("adversarial_answer", ""))
-            out.append({"id": f"{conv.id}#q{i + 1}", "question": qa["question"], "gold": str(gold),
-                        "category": str(qa["category"]), "reference": conv.turns[-1].session_time})
+            out.append(
+                {
+                    "id": f"{conv.id}#q{i + 1}",
+                    "question": qa["question"],
+                    "gold": str(gold),
+                    "category": str(qa["category"]),
+                    "reference": conv.turns[-1].session_time,
+                }
+            )
     return out
 
 
-def ask(model: ChatModel, cache_: PredictionCache, qid: str, messages: list[dict], max_tokens: int) -> Prediction:
-    key = cache_.key(model.model, {"base_url": str(model.client.base_url), "max_tokens": max_tokens}, messages)
-    if (hit := cache_.get(key)) is not None:
-        return hit
-    start = time.perf_counter()
-    raw = model.raw(None, messages, max_tokens)
-    prediction = Prediction(qid, raw.text.strip(), raw.finish_reason, raw.completion_tokens, time.perf_counter() - start)
-    cache_.put(key, prediction)
-    return prediction
+def ask(client: ModelClient, qid: str, messages: list[dict], max_tokens: int) -> Completion:
+    """A free-text answer, from the client's cache when this exact request was answered before."""
+    return client.send(client.body(None, messages, max_tokens), label=qid)
 
 
-def run_qa(benchmark: str, input_path: str, memory: Memory, answer: ChatModel, judge: ChatModel, out: Path, k: int,
-           categories: set[int], limit: int | None = None, labels: str | None = None) -> dict:
+def run_qa(
+    benchmark: str,
+    input_path: str,
+    memory: Memory,
+    answer: ModelClient,
+    judge: ModelClient,
+    out: Path,
+    k: int,
+    categories: set[int],
+    limit: int | None = None,
+    labels: str | None = None,
+) -> dict:
+    """Answers and judgments go through the clients' response cache (the CLI keeps it in OUT/cache.sqlite)."""
     out.mkdir(parents=True, exist_ok=True)
-    cache_ = PredictionCache(out / "cache.sqlite")
     conversations = load_conversations(benchmark, input_path)
     by_conversation = label_memories(labels) if labels else None
     rows, search_seconds, ingested = [], [], 0
     todo = [(conv, q) for conv in conversations for q in questions(conv, benchmark, categories)][:limit]
     needed = list(dict.fromkeys(conv.id for conv, _ in todo))
-    for conv in tqdm([c for c in conversations if c.id in needed], desc="ingesting", unit="conv", disable=None):
+    for conv in tqdm(
+        [c for c in conversations if c.id in needed], desc="ingesting", unit="conv", disable=None
+    ):
         if memory.store.has_turns(conv.id):
             continue  # already in the store from an earlier (interrupted) run
         if by_conversation is not None:
@@ -101,49 +127,84 @@ def run_qa(benchmark: str, input_path: str, memory: Memory, answer: ChatModel, j
         start = time.perf_counter()
         result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
         search_seconds.append(time.perf_counter() - start)
-        memories = [f"- [{h.record.get('time') or (h.record.get('session_time') or '')[:10] or 'undated'}] {h.record['content']}"
-                    for h in result.hits]
+        memories = [
+            f"- [{h.record.get('time') or (h.record.get('session_time') or '')[:10] or 'undated'}] {h.record['content']}"
+            for h in result.hits
+        ]
         assistant = [f"- {t['text']}" for t in result.assistant_context]
-        messages = template["answer"].render(memories=memories, assistant=assistant, question=q["question"],
-                                             today=human_date(q["reference"]))
-        given = ask(answer, cache_, q["id"], messages, 128)
+        messages = template["answer"].render(
+            memories=memories, assistant=assistant, question=q["question"], today=human_date(q["reference"])
+        )
+        given = ask(answer, q["id"], messages, 128)
+        given_text = given.text.strip()
         criterion = template["criteria"].get(q["category"], "") if benchmark == "longmemeval" else ""
-        verdict = ask(judge, cache_, q["id"], template["judge"].render(question=q["question"], gold=q["gold"], answer=given.output,
-                                                                       criterion=criterion), 8)
-        rows.append({**q, "answer": given.output, "judgment": verdict.output,
-                     "correct": bool(re.match(r"\W*correct\b", verdict.output, re.IGNORECASE)),
-                     "f1": token_f1(given.output, q["gold"]), "bleu1": bleu1(given.output, q["gold"]),
-                     "context_words": sum(len(line.split()) for line in memories + assistant),
-                     "assistant_recall": bool(result.query.get("need_assistant_context")),
-                     "answer_seconds": given.seconds, "hits": [h.record["id"] for h in result.hits]})
+        verdict = ask(
+            judge,
+            q["id"],
+            template["judge"].render(
+                question=q["question"], gold=q["gold"], answer=given_text, criterion=criterion
+            ),
+            8,
+        )
+        verdict_text = verdict.text.strip()
+        rows.append(
+            {
+                **q,
+                "answer": given_text,
+                "judgment": verdict_text,
+                "correct": bool(re.match(r"\W*correct\b", verdict_text, re.IGNORECASE)),
+                "f1": token_f1(given_text, q["gold"]),
+                "bleu1": bleu1(given_text, q["gold"]),
+                "context_words": sum(len(line.split()) for line in memories + assistant),
+                "assistant_recall": bool(result.query.get("need_assistant_context")),
+                "answer_seconds": given.seconds,
+                "hits": [h.record["id"] for h in result.hits],
+            }
+        )
     with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     metrics = summarize(rows, search_seconds)
-    metrics.update(benchmark=benchmark, k=k, conversations_ingested=ingested, answer_model=answer.model, judge_model=judge.model)
+    metrics.update(
+        benchmark=benchmark,
+        k=k,
+        conversations_ingested=ingested,
+        answer_model=answer.model,
+        judge_model=judge.model,
+    )
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 
 def summarize(rows: list[dict], search_seconds: list[float]) -> dict:
     def block(group: list[dict]) -> dict:
-        return {"questions": len(group), "judge_accuracy": float(np.mean([r["correct"] for r in group])),
-                "f1": float(np.mean([r["f1"] for r in group])), "bleu1": float(np.mean([r["bleu1"] for r in group]))}
+        return {
+            "questions": len(group),
+            "judge_accuracy": float(np.mean([r["correct"] for r in group])),
+            "f1": float(np.mean([r["f1"] for r in group])),
+            "bleu1": float(np.mean([r["bleu1"] for r in group])),
+        }
 
     by_category: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_category[r["category"]].append(r)
     ms = np.array(search_seconds or [0.0]) * 1000
-    return {**(block(rows) if rows else {"questions": 0}),
-            "by_category": {c: block(g) for c, g in sorted(by_category.items())},
-            "context_words_per_query": float(np.mean([r["context_words"] for r in rows])) if rows else 0.0,
-            "assistant_recall_rate": float(np.mean([r["assistant_recall"] for r in rows])) if rows else 0.0,
-            "search_ms": {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))}}
+    return {
+        **(block(rows) if rows else {"questions": 0}),
+        "by_category": {c: block(g) for c, g in sorted(by_category.items())},
+        "context_words_per_query": float(np.mean([r["context_words"] for r in rows])) if rows else 0.0,
+        "assistant_recall_rate": float(np.mean([r["assistant_recall"] for r in rows])) if rows else 0.0,
+        "search_ms": {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))},
+    }
 
 
 def format_table(metrics: dict) -> str:
     lines = ["| category | questions | judge accuracy | F1 | BLEU-1 |", "|---|---|---|---|---|"]
     for name, b in [*metrics["by_category"].items(), ("all", metrics)]:
-        lines.append(f"| {name} | {b['questions']} | {b['judge_accuracy']:.3f} | {b['f1']:.3f} | {b['bleu1']:.3f} |")
-    return "\n".join(lines) + (f"\n\ncontext words/query {metrics['context_words_per_query']:.0f}, assistant recall "
-                               f"{metrics['assistant_recall_rate']:.1%}, search p50/p95 {metrics['search_ms']['p50']:.0f}/"
-                               f"{metrics['search_ms']['p95']:.0f} ms")
+        lines.append(
+            f"| {name} | {b['questions']} | {b['judge_accuracy']:.3f} | {b['f1']:.3f} | {b['bleu1']:.3f} |"
+        )
+    return "\n".join(lines) + (
+        f"\n\ncontext words/query {metrics['context_words_per_query']:.0f}, assistant recall "
+        f"{metrics['assistant_recall_rate']:.1%}, search p50/p95 {metrics['search_ms']['p50']:.0f}/"
+        f"{metrics['search_ms']['p95']:.0f} ms"
+    )

@@ -1,4 +1,5 @@
-"""An extraction run for people: report.md, per-field and type-confusion plots, and side-by-side comparison."""
+"""An extraction run for people: report.md, per-field and type-confusion plots, side-by-side comparison."""
+
 from __future__ import annotations
 
 import json
@@ -9,23 +10,49 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dimmem.records import MEMORY_TYPES  # noqa: E402
+from dimmem.contract.records import MEMORY_TYPES  # noqa: E402
 
 # (metrics.json key, label) in the order reports and comparisons show them
 HEADLINE_ROWS = (
-    ("headline", "headline (0-100)"), ("parse_rate", "JSON parse rate"), ("schema_valid_rate", "schema-valid rate"),
-    ("valid_rate", "passes every validator rule"), ("truncation_rate", "truncated at max_tokens"),
-    ("memory_precision", "memory precision"), ("memory_recall", "memory recall"), ("memory_f1", "memory F1"),
-    ("type_accuracy", "type accuracy"), ("time_exact", "time exact match"), ("time_overlap", "time interval overlap"),
-    ("keyword_f1", "keyword set F1"), ("source_jaccard", "source-turn Jaccard"), ("content_similarity", "content token F1"),
-    ("location_null_agreement", "location null agreement"), ("location_f1", "location token F1"),
-    ("reason_null_agreement", "reason null agreement"), ("reason_f1", "reason token F1"),
-    ("purpose_null_agreement", "purpose null agreement"), ("purpose_f1", "purpose token F1"),
-    ("output_tokens_per_window", "output tokens per window"), ("windows_per_s", "windows/s"),
+    ("headline", "headline (0-100)"),
+    ("parse_rate", "JSON parse rate"),
+    ("schema_valid_rate", "schema-valid rate"),
+    ("valid_rate", "passes every validator rule"),
+    ("truncation_rate", "truncated at max_tokens"),
+    ("memory_precision", "memory precision"),
+    ("memory_recall", "memory recall"),
+    ("memory_f1", "memory F1"),
+    ("type_accuracy", "type accuracy"),
+    ("time_exact", "time exact match"),
+    ("time_overlap", "time interval overlap"),
+    ("keyword_f1", "keyword set F1"),
+    ("source_jaccard", "source-turn Jaccard"),
+    ("content_similarity", "content token F1"),
+    ("location_null_agreement", "location null agreement"),
+    ("location_f1", "location token F1"),
+    ("reason_null_agreement", "reason null agreement"),
+    ("reason_f1", "reason token F1"),
+    ("purpose_null_agreement", "purpose null agreement"),
+    ("purpose_f1", "purpose token F1"),
+    ("field_quality", "field quality (n/a: no matched pair)"),
+    ("output_tokens_per_window", "output tokens per window"),
+    ("windows_per_s", "windows/s"),
     ("output_tokens_per_s", "output tokens/s"),
 )
-FIELD_PLOT = ("parse_rate", "schema_valid_rate", "memory_f1", "type_accuracy", "time_exact", "time_overlap", "keyword_f1",
-              "source_jaccard", "content_similarity", "location_null_agreement", "reason_null_agreement", "purpose_null_agreement")
+FIELD_PLOT = (
+    "parse_rate",
+    "schema_valid_rate",
+    "memory_f1",
+    "type_accuracy",
+    "time_exact",
+    "time_overlap",
+    "keyword_f1",
+    "source_jaccard",
+    "content_similarity",
+    "location_null_agreement",
+    "reason_null_agreement",
+    "purpose_null_agreement",
+)
 
 
 def _fmt(value) -> str:
@@ -36,17 +63,32 @@ def _fmt(value) -> str:
 
 def write_report(metrics: dict, out: Path) -> Path:
     run = metrics.get("run", {})
-    lines = [f"# Extraction eval: {run.get('name', out.name)}", "",
-             f"{metrics['windows']} windows from `{run.get('references')}`; answers from {run.get('source')} "
-             f"`{run.get('model')}`; {metrics['memories_reference']} reference memories, "
-             f"{metrics['memories_predicted']} predicted, {metrics['memories_matched']} matched.", "",
-             "| metric | value |", "|---|---|"]
+    lines = [
+        f"# Extraction eval: {run.get('name', out.name)}",
+        "",
+        f"{metrics['windows']} windows from `{run.get('references')}`; answers from {run.get('source')} "
+        f"`{run.get('model')}`; {metrics['memories_reference']} reference memories, "
+        f"{metrics['memories_predicted']} predicted, {metrics['memories_matched']} matched.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
     lines += [f"| {label} | {_fmt(metrics.get(key))} |" for key, label in HEADLINE_ROWS]
     lines += ["", "Rule violations (share of windows):", "", "| rule | rate |", "|---|---|"]
-    lines += [f"| {rule} | {rate:.3f} |" for rule, rate in metrics["rule_violation_rate"].items()] or ["| (none) | 0 |"]
-    lines += ["", "Type confusion (rows: reference, columns: predicted, matched pairs):", "",
-              "| | " + " | ".join((*MEMORY_TYPES, "other")) + " |", "|---" * (len(MEMORY_TYPES) + 2) + "|"]
-    lines += [f"| {t} | " + " | ".join(str(v) for v in row.values()) + " |" for t, row in metrics["type_confusion"].items()]
+    lines += [f"| {rule} | {rate:.3f} |" for rule, rate in metrics["rule_violation_rate"].items()] or [
+        "| (none) | 0 |"
+    ]
+    lines += [
+        "",
+        "Type confusion (rows: reference, columns: predicted, matched pairs):",
+        "",
+        "| | " + " | ".join((*MEMORY_TYPES, "other")) + " |",
+        "|---" * (len(MEMORY_TYPES) + 2) + "|",
+    ]
+    lines += [
+        f"| {t} | " + " | ".join(str(v) for v in row.values()) + " |"
+        for t, row in metrics["type_confusion"].items()
+    ]
     lines += ["", "![per-field scores](fields.png)", "![type confusion](confusion.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
@@ -55,8 +97,11 @@ def write_report(metrics: dict, out: Path) -> Path:
 
 def plot_run(metrics: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
-    values = [metrics.get(k) or 0.0 for k in FIELD_PLOT]
-    ax.barh(FIELD_PLOT[::-1], values[::-1], color="#4C72B0")
+    values = [metrics.get(k) for k in FIELD_PLOT]  # None: not applicable (no matched pair), drawn as no bar
+    ax.barh(FIELD_PLOT[::-1], [0.0 if v is None else v for v in values[::-1]], color="#4C72B0")
+    for y, v in enumerate(values[::-1]):
+        if v is None:
+            ax.text(0.01, y, "n/a", va="center", color="grey")
     ax.set(xlim=(0, 1), xlabel="score", title=f"headline {metrics['headline']:.1f}")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -68,8 +113,15 @@ def plot_run(metrics: dict, out: Path) -> None:
     grid = [[confusion[t][c] for c in columns] for t in MEMORY_TYPES]
     fig, ax = plt.subplots(figsize=(4.5, 3.5))
     ax.imshow(grid, cmap="Blues")
-    ax.set(xticks=range(len(columns)), xticklabels=columns, yticks=range(len(MEMORY_TYPES)), yticklabels=MEMORY_TYPES,
-           xlabel="predicted", ylabel="reference", title="type confusion (matched pairs)")
+    ax.set(
+        xticks=range(len(columns)),
+        xticklabels=columns,
+        yticks=range(len(MEMORY_TYPES)),
+        yticklabels=MEMORY_TYPES,
+        xlabel="predicted",
+        ylabel="reference",
+        title="type confusion (matched pairs)",
+    )
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
             ax.text(j, i, str(v), ha="center", va="center")

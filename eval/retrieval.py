@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from dimmem.conversation import Conversation
-from dimmem.extractors import turn_memory
-from dimmem.loaders import load_conversations
-from dimmem.memory import Memory, label_memories
-from dimmem.query import content_words, parse_query_rules
-from dimmem.retrieval import rrf
+from dimmem.contract.conversation import Conversation
+from dimmem.runtime.extractors import turn_memory
+from dimmem.contract.loaders import load_conversations
+from dimmem.runtime.labels import label_memories
+from dimmem.runtime.memory import Memory
+from dimmem.runtime.query import content_words, parse_query_rules
+from dimmem.runtime.retrieval import rrf
 
 RANKINGS = ("bm25", "dense", "dimension", "bm25+dense", "fused", "bm25+dense_fitted", "fused_fitted")
 PATHS = ("bm25", "dense", "dimension")

@@ -1,1 +1,1 @@
-"""Serving: the HTTP memory service over the runtime."""
+"""Serving: vLLM for the compact extractor, and the HTTP memory service over the runtime."""

@@ -28,10 +28,10 @@ import httpx2
 import numpy as np
 import yaml
 
-from dimmem.loaders import conversation_messages, load_conversations
+from dimmem.contract.loaders import conversation_messages, load_conversations
 from dimmem.paths import CONFIG_DIR, shared_data, write_json
 from serve.demo import toy_messages
-from serve.launch import Service, free_port
+from dimmem.launch import Service, free_port
 from serve.vllm import vllm_service
 
 KEY = "bench-key"

@@ -5,7 +5,6 @@ import argparse
 import sys
 
 from dimmem.paths import CONFIG_DIR
-from serve.vllm import DEFAULT_PYTHON, VLLM_READY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,16 +13,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument("--config", default=str(CONFIG_DIR / "serve" / "default.yaml"))
     api.add_argument("--host")
     api.add_argument("--port", type=int)
+    api.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key (dotted, e.g. max_k=50); repeatable; --host/--port win")
     api.add_argument("--openapi", metavar="FILE", help="write the OpenAPI document to FILE and exit")
 
-
-    vllm = sub.add_parser("vllm", help="launch (or --print) vLLM's OpenAI-compatible server for an exported extractor")
+    vllm = sub.add_parser("vllm", help="launch (or --print) vLLM's OpenAI-compatible server "
+                                       "for an exported extractor")
     which = vllm.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="a merged export folder")
     which.add_argument("--adapter", help="an adapter export folder (with --base)")
     vllm.add_argument("--base", help="the base model of --adapter (default: the one it was trained on)")
-    vllm.add_argument("--python", default=DEFAULT_PYTHON,
-                      help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, if present)")
+    vllm.add_argument("--python",
+                      help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, "
+                           "if present)")
     vllm.add_argument("--host", default="127.0.0.1")
     vllm.add_argument("--port", type=int, default=8000)
     vllm.add_argument("--max-model-len", type=int, help="default: the length the model was trained with")
@@ -33,41 +35,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.set_defaults(serve_handler=run_api)
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     return args.serve_handler(args)
 
 
 def run_vllm(args: argparse.Namespace) -> int:
     import os
 
-    from serve.vllm import printable, vllm_command, vllm_env
+    from serve.vllm import DEFAULT_PYTHON, VLLM_READY, printable, vllm_command, vllm_env
 
-    command = vllm_command(args.model, args.base, args.adapter, python=args.python, host=args.host, port=args.port,
-                           max_model_len=args.max_model_len, extra=args.extra)
+    python = args.python or DEFAULT_PYTHON
+    command = vllm_command(args.model, args.base, args.adapter, python=python, host=args.host,
+                           port=args.port, max_model_len=args.max_model_len, extra=args.extra)
     if args.print:
         print(printable(command))
         return 0
-    if args.python == "python" and not VLLM_READY:
-        print("note: no .venv-vllm here (`make serve-cpu` builds vLLM for CPU); using `python` from PATH", file=sys.stderr)
+    if python == "python" and not VLLM_READY:
+        print("note: no .venv-vllm here (`make serve-cpu` builds vLLM for CPU); using `python` from PATH",
+              file=sys.stderr)
     os.execvpe(command[0], command, vllm_env())
 
 
 def run_api(args: argparse.Namespace) -> int:
     import json
 
-    import uvicorn
-
-    from serve.api import create_app
-    from serve.config import load_serve_config
-
-    config = load_serve_config(args.config, host=args.host, port=args.port)
-    if args.openapi:
+    if args.openapi:  # the document does not depend on the config
         from serve.openapi import write_openapi
 
         write_openapi(args.openapi)
         return 0
-    app = create_app(config)
-    print(json.dumps({"listening": f"http://{config.host}:{config.port}", "tenants": [t.name for t in config.tenants]}))
+    import uvicorn
+
+    from serve.app import build_app
+    from serve.config import load_serve_config
+
+    config = load_serve_config(args.config, args.overrides, host=args.host, port=args.port)
+    app = build_app(config)
+    tenants = [t.name for t in config.tenants]
+    print(json.dumps({"listening": f"http://{config.host}:{config.port}", "tenants": tenants}))
     uvicorn.run(app, host=config.host, port=config.port, log_level="info")
     return 0
 
@@ -75,7 +80,12 @@ def run_api(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve", description=__doc__)
     add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as exc:  # a bad config or input: say what and where, no traceback
+        print(f"serve {args.serve_command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

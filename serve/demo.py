@@ -19,12 +19,13 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from data_gen.toyworld import generate_dialogue
-from dimmem.loaders import conversation_messages
-from dimmem.memory_config import load_memory_config
+from dimmem.config import load_config
+from dimmem.contract.loaders import conversation_messages
+from dimmem.contract.toyworld import generate_dialogue
+from dimmem.launch import Service, ServiceError, port_in_use
 from dimmem.paths import write_json
+from dimmem.runtime.config import MemoryConfig
 from serve.config import load_serve_config
-from serve.launch import Service, ServiceError, port_in_use
 from serve.vllm import VLLM_READY, vllm_service
 
 CONVERSATION_INDEX = 5000  # far past the demo dataset's 60 toy conversations: unseen in training
@@ -50,7 +51,7 @@ def toy_messages(index: int) -> tuple[list[dict], list[dict]]:
 def run(export: str, config_path: str, out: Path) -> dict:
     """vLLM and the memory service up, one conversation added and searched, both down again."""
     config = load_serve_config(config_path)
-    model_url = urlparse(load_memory_config(config.memory_config).model.base_url)
+    model_url = urlparse(load_config(MemoryConfig, config.memory_config).model.base_url)
     if model_url.port is None:
         raise ValueError(f"{config.memory_config}: model.base_url needs an explicit port for vLLM to listen on")
     for port in (model_url.port, config.port):

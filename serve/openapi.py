@@ -12,13 +12,13 @@ CHECKED_IN = Path(__file__).with_name("openapi.json")
 
 def openapi_document() -> dict:
     """The app's document; the app is built over an in-memory store and a placeholder key."""
-    from dimmem.memory import Memory
-    from serve.api import create_app
+    from dimmem.runtime.memory import Memory
+    from serve.app import build_app
     from serve.config import ServeConfig, Tenant
 
     with mock.patch.dict(os.environ, {"DIMMEM_OPENAPI_KEY": "placeholder"}):
         config = ServeConfig(tenants=[Tenant(name="doc", api_key_env="DIMMEM_OPENAPI_KEY")])
-        return create_app(config, memory=Memory(":memory:")).openapi()
+        return build_app(config, memory=Memory({"store": ":memory:"})).openapi()
 
 
 def write_openapi(path: str | Path = CHECKED_IN) -> Path:

@@ -17,7 +17,7 @@ import shlex
 from pathlib import Path
 
 from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
-from serve.launch import Service
+from dimmem.launch import Service
 
 SERVED_NAME = "dimmem-extractor"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -41,7 +41,7 @@ def vllm_command(model: str | None = None, base: str | None = None, adapter: str
     adapter over the base (the base then answers as `<name>-base`)."""
     if (model is None) == (adapter is None):
         raise ValueError("serve either a merged export (--model DIR) or a base with an adapter (--base MODEL --adapter DIR)")
-    from dimmem.tokens import CHAT_TEMPLATE_KWARGS  # (transformers: not needed to parse the CLI)
+    from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS  # (transformers: not needed to parse the CLI)
 
     meta = _export_config(model or adapter)
     if model is not None and not meta.get("merged"):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from dimmem.conversation import Conversation, Turn
+from dimmem.contract.conversation import Conversation, Turn
 from dimmem.paths import shared_data
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub: everything they load is local
@@ -22,7 +22,7 @@ def memorybank_path():
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
-    from dimmem.tokens import load_tokenizer
+    from dimmem.contract.tokens import load_tokenizer
 
     return load_tokenizer(str(shared_data("qwen3-tokenizer")))
 

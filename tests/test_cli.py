@@ -37,3 +37,34 @@ def test_malformed_input_exits_2_with_location(tmp_path):
     assert proc.returncode == 2
     assert "bad.json: record 0 (s1): field 'conversation.session_1[0].dia_id': missing" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_memory_and_serve_command_groups_import_light():
+    """`dimmem --help` must not pay for torch, numpy or FastAPI: the memory and serve command groups
+    import them inside their handlers."""
+    code = ("import sys, argparse\n"
+            "from dimmem.runtime import cli as memory_cli\n"
+            "from serve import cli as serve_cli\n"
+            "for module in (memory_cli, serve_cli):\n"
+            "    module.add_arguments(argparse.ArgumentParser())\n"
+            "heavy = {'numpy', 'torch', 'transformers', 'sentence_transformers', 'fastapi', 'uvicorn',\n"
+            "         'openai'}\n"
+            "print(sorted(heavy & set(sys.modules)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_memory_command_rejects_an_unknown_config_key_naming_it(tmp_path):
+    import argparse
+
+    import pytest
+
+    from dimmem.config import ConfigError
+    from dimmem.runtime import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["search", "--store", str(tmp_path / "m.sqlite"), "--user", "ann",
+                              "--set", "retrieval.dept=3", "hello"])
+    with pytest.raises(ConfigError, match=r"default\.yaml: unknown key 'retrieval\.dept'"):
+        cli.run(args)

@@ -1,8 +1,6 @@
 """data_gen through the real openai client and an in-process fake transport: every failure mode ends
 labeled, repaired or quarantined with the right reason; the cache re-sends nothing it has."""
-import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +8,7 @@ from datasets import load_from_disk
 
 from data_gen.fake_teacher import FakeTeacher
 from data_gen.run import run
-from data_gen.teacher import RateLimiter
+from dimmem.llm import FatalModelError, RateLimiter
 from datagen_helpers import mock_client, toy_config, window_marker
 
 
@@ -49,7 +47,7 @@ def test_clean_run_labels_every_window(tmp_path):
     (["429", "ok"], "labeled", None),
     (["500", "500", "ok"], "labeled", None),
     (["timeout", "ok"], "labeled", None),
-    (["500"] * 4, "quarantined", "request_failed: gave up after 4 attempts: 500 server error"),
+    (["500"] * 4, "quarantined", "request_failed: http://fake.test/v1: gave up after 4 attempts: 500 server error"),
     (["nonjson", "ok"], "repaired", None),
     (["schema", "ok"], "repaired", None),
     (["overlap", "ok"], "repaired", None),
@@ -136,13 +134,11 @@ def test_api_key_never_reaches_outputs(tmp_path, monkeypatch):
 
 
 def test_fatal_errors_stop_the_run(tmp_path):
-    from data_gen.teacher import FatalTeacherError
-
     class Unauthorized(FakeTeacher):
         def respond(self, body, behaviour):
             return 401, {}, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}
 
-    with pytest.raises(FatalTeacherError, match="401"):
+    with pytest.raises(FatalModelError, match="401"):
         run_with(toy_config(tmp_path), Unauthorized())
 
 
@@ -150,22 +146,19 @@ def test_rate_limiter_paces_requests():
     class Small(RateLimiter):
         BURST_SECONDS = 0.05  # a bucket of one request
 
-    async def go():
-        limiter = Small(rpm=1200, tpm=None)  # 20 requests a second
-        start = time.monotonic()
-        for _ in range(11):
-            await limiter.acquire(100)
-        return time.monotonic() - start
+    limiter = Small(rpm=1200, tpm=None)  # 20 requests a second
+    waits = [limiter.reserve(100) for _ in range(11)]
+    assert waits[0] == 0 and waits[-1] >= 0.45  # 10 refills of 50 ms; it can never be faster
+    assert waits == sorted(waits)  # first come, first served
 
-    assert asyncio.run(go()) >= 0.45  # 10 refills of 50 ms; it can never be faster
+
+def test_rate_limiter_counts_tokens():
+    limiter = RateLimiter(rpm=None, tpm=600)  # 10 tokens a second, a 100-token burst
+    assert limiter.reserve(100) == 0
+    assert limiter.reserve(50) == pytest.approx(5.0, abs=0.05)
 
 
 def test_rate_limiter_pause_holds_everyone():
-    async def go():
-        limiter = RateLimiter(None, None)
-        limiter.pause(0.3)
-        start = time.monotonic()
-        await asyncio.gather(*(limiter.acquire(1) for _ in range(5)))
-        return time.monotonic() - start
-
-    assert asyncio.run(go()) >= 0.29
+    limiter = RateLimiter(None, None)
+    limiter.pause(0.3)
+    assert all(limiter.reserve(1) >= 0.29 for _ in range(5))

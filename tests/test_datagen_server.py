@@ -48,7 +48,7 @@ def stored(out):
         return 0
     with closing(sqlite3.connect(out / "cache.sqlite")) as db:
         try:
-            return db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+            return db.execute("SELECT COUNT(*) FROM completions").fetchone()[0]
         except sqlite3.OperationalError:  # created, tables not yet
             return 0
 
@@ -130,4 +130,4 @@ def test_unreachable_endpoint_quarantines_with_reason(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     lines = (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()
-    assert lines and all("request_failed: gave up after 2 attempts: connection error" in json.loads(l)["reason"] for l in lines)
+    assert lines and all("request_failed: http://127.0.0.1:9/v1: gave up after 2 attempts: connection error" in json.loads(l)["reason"] for l in lines)

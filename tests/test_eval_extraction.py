@@ -1,20 +1,38 @@
 """Extraction metrics on crafted prediction/reference pairs with known answers, and the eval commands
 end to end on a data_gen dataset (offline predictions, a real endpoint client, a local HF model)."""
+
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dimmem.validate import TurnScope
+from dimmem.contract.validate import TurnScope
 from eval.metrics import MATCH_THRESHOLD, aggregate, score_window, token_f1
 
 SCOPE = TurnScope({"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob"}, frozenset({"t3", "t4"}))
-HIKE = {"source_turns": ["t3"], "speaker": "Ann", "content": "Ann went hiking at Eagle Peak with her dog.", "type": "episodic",
-        "time": "2023-05-06", "location": "Eagle Peak", "reason": None, "purpose": "to train for a marathon",
-        "keywords": ["Ann", "hiking", "Eagle Peak"]}
-JOB = {"source_turns": ["t4"], "speaker": "Bob", "content": "Bob works as a nurse at the city hospital.", "type": "fact",
-       "time": None, "location": "city hospital", "reason": None, "purpose": None, "keywords": ["Bob", "nurse"]}
+HIKE = {
+    "source_turns": ["t3"],
+    "speaker": "Ann",
+    "content": "Ann went hiking at Eagle Peak with her dog.",
+    "type": "episodic",
+    "time": "2023-05-06",
+    "location": "Eagle Peak",
+    "reason": None,
+    "purpose": "to train for a marathon",
+    "keywords": ["Ann", "hiking", "Eagle Peak"],
+}
+JOB = {
+    "source_turns": ["t4"],
+    "speaker": "Bob",
+    "content": "Bob works as a nurse at the city hospital.",
+    "type": "fact",
+    "time": None,
+    "location": "city hospital",
+    "reason": None,
+    "purpose": None,
+    "keywords": ["Bob", "nurse"],
+}
 REFERENCE = json.dumps({"memories": [HIKE, JOB]})
 
 
@@ -28,7 +46,9 @@ def run(output, reference=REFERENCE, finish_reason="stop"):
 
 def test_predictions_equal_to_references_score_one_everywhere():
     m = run(REFERENCE)
-    numbers = {k: v for k, v in m.items() if isinstance(v, float) and k not in ("truncation_rate", "headline")}
+    numbers = {
+        k: v for k, v in m.items() if isinstance(v, float) and k not in ("truncation_rate", "headline")
+    }
     assert numbers and all(v == 1.0 for v in numbers.values()), {k: v for k, v in numbers.items() if v != 1.0}
     assert m["headline"] == 100.0 and m["truncation_rate"] == 0.0 and m["rule_violation_rate"] == {}
     assert m["reason_f1"] is None  # no matched pair has a reason on both sides: not applicable, not zero
@@ -43,13 +63,32 @@ def test_missing_and_extra_records_move_recall_and_precision():
     over = run(answer(HIKE, JOB, extra))
     assert (over["memory_precision"], over["memory_recall"]) == (pytest.approx(2 / 3), 1.0)
     assert run(answer())["memory_f1"] == 0.0 and run(answer())["parse_rate"] == 1.0
-    empty = run(answer(), reference=answer())  # nothing to find and nothing found: perfect
-    assert empty["memory_f1"] == 1.0 and empty["headline"] == pytest.approx(60.0)  # no pair to score fields on
+    # Nothing to find and nothing found is a perfect answer: the window is valid and F1 is 1.0 by
+    # convention. No pair exists, so field quality is not applicable (None), and a field that does not
+    # apply must not cost the run: the headline is 100, not the 60 that counting n/a fields as 0 gave.
+    empty = run(answer(), reference=answer())
+    assert (
+        empty["memory_f1"] == 1.0
+        and empty["field_quality"] is None
+        and empty["headline"] == pytest.approx(100.0)
+    )
+    # memories to find and none found (or the reverse): no pair, field quality n/a, F1 0, so only the
+    # format fifth is left
+    missed = run(answer())
+    assert missed["field_quality"] is None and missed["headline"] == pytest.approx(20.0)
+    invented = run(answer(HIKE), reference=answer())
+    assert (
+        invented["field_quality"] is None
+        and invented["memory_f1"] == 0.0
+        and invented["headline"] == pytest.approx(20.0)
+    )
 
 
 def test_wrong_type_and_wrong_date_are_scored_on_the_matched_pair():
     m = run(answer({**HIKE, "type": "fact"}, JOB))
-    assert m["memory_f1"] == 1.0 and m["type_accuracy"] == 0.5 and m["type_confusion"]["episodic"]["fact"] == 1
+    assert (
+        m["memory_f1"] == 1.0 and m["type_accuracy"] == 0.5 and m["type_confusion"]["episodic"]["fact"] == 1
+    )
     near = run(answer({**HIKE, "time": "2023-05"}, JOB))  # coarser, still overlapping
     assert near["time_exact"] == 0.5 and near["time_overlap"] == 1.0
     far = run(answer({**HIKE, "time": "2022-01-01"}, JOB))
@@ -57,12 +96,21 @@ def test_wrong_type_and_wrong_date_are_scored_on_the_matched_pair():
 
 
 def test_swapped_fields_lose_field_scores_not_the_match():
-    swapped = {**HIKE, "location": HIKE["purpose"], "purpose": HIKE["location"], "keywords": ["Eagle Peak", "dog"],
-               "source_turns": ["t3", "t4"]}
+    swapped = {
+        **HIKE,
+        "location": HIKE["purpose"],
+        "purpose": HIKE["location"],
+        "keywords": ["Eagle Peak", "dog"],
+        "source_turns": ["t3", "t4"],
+    }
     m = run(answer(swapped, JOB))
     assert m["memory_f1"] == 1.0
     assert m["location_f1"] == pytest.approx((0.0 + 1.0) / 2)  # the hike's location is wrong, the job's right
-    assert m["purpose_f1"] == 0.0 and m["keyword_f1"] < 1.0 and m["source_jaccard"] == pytest.approx((0.5 + 1.0) / 2)
+    assert (
+        m["purpose_f1"] == 0.0
+        and m["keyword_f1"] < 1.0
+        and m["source_jaccard"] == pytest.approx((0.5 + 1.0) / 2)
+    )
     assert m["headline"] < run(REFERENCE)["headline"]
 
 
@@ -74,6 +122,24 @@ def test_invalid_json_and_truncated_output():
     assert cut["truncation_rate"] == 1.0 and cut["parse_rate"] == 0.0
     fenced = run("```json\n" + REFERENCE + "\n```")  # a harmless habit: still parses
     assert fenced["parse_rate"] == 1.0 and fenced["memory_f1"] == 1.0
+
+
+def test_report_and_plots_show_not_applicable_fields(tmp_path):
+    from eval.report import compare, plot_run, write_report
+
+    m = run(answer())  # memories to find, none found: no pair, field quality n/a
+    assert m["field_quality"] is None and m["reason_f1"] is None
+    report = write_report(m, tmp_path).read_text()
+    assert (
+        "| field quality (n/a: no matched pair) | n/a |" in report and "| reason token F1 | n/a |" in report
+    )
+    plot_run(m, tmp_path)
+    assert (tmp_path / "fields.png").stat().st_size and (tmp_path / "confusion.png").stat().st_size
+    for name, metrics in (("a", m), ("b", run(REFERENCE))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+    table = compare(tmp_path / "a", tmp_path / "b")
+    assert "| field quality (n/a: no matched pair) | n/a | 1.000 |  |" in table
 
 
 def test_rule_violations_are_counted_per_rule():
@@ -98,10 +164,19 @@ def toy_dataset(tmp_path_factory):
     from data_gen.run import run as datagen
 
     out = tmp_path_factory.mktemp("toy")
-    datagen(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 10, "sessions": 2}, "out": str(out),
-                                          "windows": {"window": 10, "overlap": 2, "max_tokens": None},
-                                          "teacher": {"kind": "oracle"}, "tasks": {"parse_query": False, "consolidate": False},
-                                          "split": {"validation": 0.1, "test": 0.2}}), show_progress=False)
+    datagen(
+        DatagenConfig.model_validate(
+            {
+                "source": {"format": "toy", "conversations": 10, "sessions": 2},
+                "out": str(out),
+                "windows": {"window": 10, "overlap": 2, "max_tokens": None},
+                "teacher": {"kind": "oracle"},
+                "tasks": {"parse_query": False, "consolidate": False},
+                "split": {"validation": 0.1, "test": 0.2},
+            }
+        ),
+        show_progress=False,
+    )
     return out
 
 
@@ -109,8 +184,12 @@ def write_predictions(dataset, path, change=lambda answer: answer):
     from datasets import load_from_disk
 
     rows = [r for r in load_from_disk(str(dataset / "dataset"))["test"] if r["task"] == "extract"]
-    path.write_text("".join(json.dumps({"window_id": r["window_id"], "output": change(r["messages"][-1]["content"])}) + "\n"
-                            for r in rows))
+    path.write_text(
+        "".join(
+            json.dumps({"window_id": r["window_id"], "output": change(r["messages"][-1]["content"])}) + "\n"
+            for r in rows
+        )
+    )
     return len(rows)
 
 
@@ -118,55 +197,116 @@ def test_dataset_against_itself_is_perfect_and_compare_shows_deltas(toy_dataset,
     from dimmem.cli import main
 
     n = write_predictions(toy_dataset, tmp_path / "self.jsonl")
-    assert main(["eval", "extraction", "--references", f"{toy_dataset}:test", "--predictions", str(tmp_path / "self.jsonl"),
-                 "--out", str(tmp_path / "self")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "extraction",
+                "--references",
+                f"{toy_dataset}:test",
+                "--predictions",
+                str(tmp_path / "self.jsonl"),
+                "--out",
+                str(tmp_path / "self"),
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((tmp_path / "self" / "metrics.json").read_text())
     assert metrics["windows"] == n and metrics["headline"] == 100.0
     for key in ("parse_rate", "schema_valid_rate", "memory_f1", "type_accuracy", "time_exact", "keyword_f1"):
         assert metrics[key] == 1.0, key
-    assert {p.name for p in (tmp_path / "self").iterdir()} >= {"metrics.json", "report.md", "fields.png", "confusion.png",
-                                                              "windows.jsonl", "predictions.jsonl"}
+    assert {p.name for p in (tmp_path / "self").iterdir()} >= {
+        "metrics.json",
+        "report.md",
+        "fields.png",
+        "confusion.png",
+        "windows.jsonl",
+        "predictions.jsonl",
+    }
     write_predictions(toy_dataset, tmp_path / "half.jsonl", lambda a: a if len(a) % 2 else "not json")
-    assert main(["eval", "extraction", "--references", str(toy_dataset), "--predictions", str(tmp_path / "half.jsonl"),
-                 "--out", str(tmp_path / "half")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "extraction",
+                "--references",
+                str(toy_dataset),
+                "--predictions",
+                str(tmp_path / "half.jsonl"),
+                "--out",
+                str(tmp_path / "half"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["eval", "compare", str(tmp_path / "self"), str(tmp_path / "half")]) == 0
     table = capsys.readouterr().out
     row = next(line for line in table.splitlines() if line.startswith("| JSON parse rate"))
-    assert row.startswith("| JSON parse rate | 1.000 | 0.") and row.rstrip(" |").split("|")[-1].strip().startswith("-0.")
+    assert row.startswith("| JSON parse rate | 1.000 | 0.") and row.rstrip(" |").split("|")[
+        -1
+    ].strip().startswith("-0.")
 
 
 def test_endpoint_mode_caches_and_resumes(toy_dataset, tmp_path):
-    from data_gen.fake_teacher import FakeTeacher
     from datagen_helpers import mock_client
-    from dimmem.llm import ChatModel
-    from eval.extraction import PredictionCache, evaluate, load_references, predict_endpoint
+
+    from data_gen.fake_teacher import FakeTeacher
+    from dimmem.cache import ResponseCache
+    from dimmem.llm import ModelClient, ModelConfig
+    from eval.extraction import evaluate, load_references, predict_endpoint
 
     refs = load_references(f"{toy_dataset}:test")
     fake = FakeTeacher()
-    model = ChatModel("http://fake.test/v1", "extractor", http_client=mock_client(fake, sync=True), max_retries=0)
-    cache = PredictionCache(tmp_path / "run" / "cache.sqlite")
-    first = predict_endpoint(refs[:2], model, cache, concurrency=2)
+
+    def client(concurrency: int) -> ModelClient:
+        config = ModelConfig(base_url="http://fake.test/v1", model="extractor", max_retries=0, concurrency=concurrency)
+        return ModelClient(config, cache=ResponseCache(tmp_path / "run" / "cache.sqlite"),
+                           http_client=mock_client(fake, sync=True))
+
+    first = predict_endpoint(refs[:2], client(2), max_tokens=512)
     assert fake.requests == 2 and all(p.finish_reason == "stop" for p in first.values())
-    predictions = predict_endpoint(refs, model, cache, concurrency=4)  # a re-run sends only what is not stored
+    predictions = predict_endpoint(refs, client(4), max_tokens=512)  # a re-run sends only what is not stored
     assert fake.requests == len(refs) and sum(p.cached for p in predictions.values()) == 2
     metrics = evaluate(refs, predictions, tmp_path / "run", {"source": "endpoint"}, wall_seconds=1.0)
-    assert metrics["parse_rate"] == 1.0 and metrics["memory_recall"] < 1.0  # the fake gives one memory per window
+    assert (
+        metrics["parse_rate"] == 1.0 and metrics["memory_recall"] < 1.0
+    )  # the fake gives one memory per window
     assert metrics["generated_windows"] == len(refs) - 2 and metrics["output_tokens_per_window"] > 0
 
 
 @pytest.mark.slow
 def test_hf_model_mode_generates_with_the_chat_template(toy_dataset, tmp_path):
-    from train.tiny import build_tiny_base
-
     from dimmem.cli import main
     from dimmem.paths import shared_data
+    from train.tiny import build_tiny_base
 
-    base = build_tiny_base(tmp_path / "base", toy_dataset / "dataset", str(shared_data("qwen3-tokenizer")), vocab_size=600,
-                           hidden_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
-                           intermediate_size=128)
-    args = ["eval", "extraction", "--references", str(toy_dataset), "--hf-model", str(base), "--max-tokens", "16",
-            "--limit", "3", "--out", str(tmp_path / "run")]
+    base = build_tiny_base(
+        tmp_path / "base",
+        toy_dataset / "dataset",
+        str(shared_data("qwen3-tokenizer")),
+        vocab_size=600,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    )
+    args = [
+        "eval",
+        "extraction",
+        "--references",
+        str(toy_dataset),
+        "--hf-model",
+        str(base),
+        "--max-tokens",
+        "16",
+        "--limit",
+        "3",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["windows"] == 3 and metrics["parse_rate"] == 0.0  # a random model writes no JSON
@@ -178,15 +318,35 @@ def test_hf_model_mode_generates_with_the_chat_template(toy_dataset, tmp_path):
 @pytest.mark.integration
 def test_memory_qa_end_to_end_against_a_local_server_resumes_from_its_cache(tmp_path, locomo_path, capsys):
     from datagen_helpers import FakeServer
+
     from dimmem.cli import main
 
     one = tmp_path / "one.json"
     one.write_text(json.dumps(json.loads(locomo_path.read_text())[:1]))
     srv = FakeServer(tmp_path)
     try:
-        args = ["eval", "qa", "--benchmark", "locomo", "--input", str(one), "--answer-base-url", srv.base_url,
-                "--answer-model", "answerer", "--judge-base-url", srv.base_url, "--judge-model", "judge",
-                "--limit", "12", "--k", "5", "--out", str(tmp_path / "qa")]
+        args = [
+            "eval",
+            "qa",
+            "--benchmark",
+            "locomo",
+            "--input",
+            str(one),
+            "--answer-base-url",
+            srv.base_url,
+            "--answer-model",
+            "answerer",
+            "--judge-base-url",
+            srv.base_url,
+            "--judge-model",
+            "judge",
+            "--limit",
+            "12",
+            "--k",
+            "5",
+            "--out",
+            str(tmp_path / "qa"),
+        ]
         assert main(args) == 0
         assert srv.requests() == 24  # one answer and one judgment per question
         metrics = json.loads((tmp_path / "qa" / "metrics.json").read_text())
@@ -198,28 +358,74 @@ def test_memory_qa_end_to_end_against_a_local_server_resumes_from_its_cache(tmp_
         assert set(metrics["by_category"]) <= {"1", "2", "3", "4"} and metrics["context_words_per_query"] > 0
         assert "| all | 12 |" in capsys.readouterr().out
         assert main(args) == 0  # re-run: store and cache answer everything
-        assert srv.requests() == 24 and json.loads((tmp_path / "qa" / "metrics.json").read_text())["conversations_ingested"] == 0
+        assert (
+            srv.requests() == 24
+            and json.loads((tmp_path / "qa" / "metrics.json").read_text())["conversations_ingested"] == 0
+        )
         fixture = Path(__file__).parent / "fixtures" / "longmemeval_mini.json"
-        assert main(["eval", "qa", "--benchmark", "longmemeval", "--input", str(fixture), "--answer-base-url", srv.base_url,
-                     "--answer-model", "answerer", "--judge-base-url", srv.base_url, "--judge-model", "judge",
-                     "--out", str(tmp_path / "lme")]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "qa",
+                    "--benchmark",
+                    "longmemeval",
+                    "--input",
+                    str(fixture),
+                    "--answer-base-url",
+                    srv.base_url,
+                    "--answer-model",
+                    "answerer",
+                    "--judge-base-url",
+                    srv.base_url,
+                    "--judge-model",
+                    "judge",
+                    "--out",
+                    str(tmp_path / "lme"),
+                ]
+            )
+            == 0
+        )
         lme = json.loads((tmp_path / "lme" / "metrics.json").read_text())
-        assert lme["questions"] == 2 and set(lme["by_category"]) == {"single-session-user", "single-session-assistant"}
+        assert lme["questions"] == 2 and set(lme["by_category"]) == {
+            "single-session-user",
+            "single-session-assistant",
+        }
     finally:
         srv.stop()
 
 
 def test_longmemeval_questions_are_judged_by_their_type():
-    from dimmem.conversation import Conversation, Turn
+    from dimmem.contract.conversation import Conversation, Turn
     from eval.qa import bleu1, prompts, questions
 
     turn = Turn("s1:1", "user", "user", "hi", "s1", "2023-05-20T02:21")
-    meta = {"question_type": "temporal-reasoning", "question": "How many days?", "answer": "3", "question_time": "2023-06-01"}
+    meta = {
+        "question_type": "temporal-reasoning",
+        "question": "How many days?",
+        "answer": "3",
+        "question_time": "2023-06-01",
+    }
     assert questions(Conversation("q1", [turn], meta), "longmemeval", set()) == [
-        {"id": "q1", "question": "How many days?", "gold": "3", "category": "temporal-reasoning", "reference": "2023-06-01"}]
-    assert questions(Conversation("q2_abs", [turn], meta), "longmemeval", set())[0]["category"] == "abstention"
+        {
+            "id": "q1",
+            "question": "How many days?",
+            "gold": "3",
+            "category": "temporal-reasoning",
+            "reference": "2023-06-01",
+        }
+    ]
+    assert (
+        questions(Conversation("q2_abs", [turn], meta), "longmemeval", set())[0]["category"] == "abstention"
+    )
     criterion = prompts()["criteria"]["temporal-reasoning"]
     user = prompts()["judge"].render(question="q", gold="3", answer="4", criterion=criterion)[1]["content"]
     assert user.startswith("Extra criterion: For counts of days") and "Gold answer: 3" in user
-    assert prompts()["judge"].render(question="q", gold="3", answer="4", criterion="")[1]["content"].startswith("Question: q")
-    assert bleu1("the cat sat", "the cat sat") == 1.0 and bleu1("cat", "the cat sat") == pytest.approx(float(np.exp(1 - 2 / 1)))  # "the" is normalised away
+    assert (
+        prompts()["judge"]
+        .render(question="q", gold="3", answer="4", criterion="")[1]["content"]
+        .startswith("Question: q")
+    )
+    assert bleu1("the cat sat", "the cat sat") == 1.0 and bleu1("cat", "the cat sat") == pytest.approx(
+        float(np.exp(1 - 2 / 1))
+    )  # "the" is normalised away

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from dimmem.conversation import DataFormatError
-from dimmem.loaders import load_conversations
+from dimmem.contract.conversation import DataFormatError
+from dimmem.contract.loaders import load_conversations
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -149,9 +149,9 @@ def test_unknown_format_and_missing_file(tmp_path):
 
 
 def test_conversation_messages_read_back_as_the_same_dialogue():
-    from data_gen.toyworld import generate_dialogue
-    from dimmem.loaders import conversation_from_messages, conversation_messages
-    from dimmem.loaders._fields import Record
+    from dimmem.contract.toyworld import generate_dialogue
+    from dimmem.contract.loaders import conversation_from_messages, conversation_messages
+    from dimmem.contract.loaders._fields import Record
 
     original = generate_dialogue(3, seed=0).conversation
     back = conversation_from_messages({"messages": conversation_messages(original), "id": original.id},

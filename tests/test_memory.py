@@ -1,5 +1,6 @@
 """The memory runtime: user isolation, durability under SIGKILL, concurrent writers, history, and each
 retrieval path finding what it should, with the real MiniLM embedder."""
+import json
 import os
 import signal
 import subprocess
@@ -8,10 +9,10 @@ import textwrap
 
 import pytest
 
-from dimmem.conversation import Conversation, Turn
-from dimmem.memory import Memory
-from dimmem.query import parse_query_rules
-from dimmem.store import MIGRATIONS, MemoryStore
+from dimmem.contract.conversation import Conversation, Turn
+from dimmem.runtime.memory import Memory
+from dimmem.runtime.query import parse_query_rules
+from dimmem.runtime.store import MIGRATIONS, MemoryStore
 
 
 def rec(**fields):
@@ -29,36 +30,38 @@ JAZZ = rec(id="jazz", type="profile", content="Ann loves jazz and listens to it 
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.embed import Embedder
+    from dimmem.runtime.embed import Embedder
 
     return Embedder()
 
 
 @pytest.fixture
 def memory(embedder, tmp_path):
-    return Memory(tmp_path / "m.sqlite", embedder=embedder)
+    return Memory({"store": str(tmp_path / "m.sqlite")}, embedder=embedder)
 
 
 def test_users_never_see_each_other(memory):
     memory.add_records([HIKE_APRIL, JAZZ], user_id="ann")
     memory.add_records([rec(id="bob-jazz", speaker="Bob", content="Bob plays jazz piano.", type="profile",
                             keywords=["Bob", "jazz", "piano"])], user_id="bob")
-    ann_hits = memory.search("jazz", "ann").hits
+    ann_hits = memory.search("jazz", user_id="ann").hits
     assert ann_hits[0].record["id"] == "jazz" and all(h.record["user_id"] == "ann" for h in ann_hits)
-    assert all(h.record["user_id"] == "bob" for h in memory.search("jazz music Ann", "bob").hits)
-    assert memory.get("jazz", "bob") is None and memory.history("jazz", "bob") == []
+    assert all(h.record["user_id"] == "bob" for h in memory.search("jazz music Ann", user_id="bob").hits)
+    assert memory.get("jazz", user_id="bob") is None and memory.history("jazz", user_id="bob") == []
     with pytest.raises(KeyError):
-        memory.delete("jazz", "bob")
-    assert memory.get("jazz", "ann")["status"] == "active"
-    assert memory.search("hiking", "carol").hits == []
-    memory.add_records([{**JAZZ, "speaker": "Carol", "keywords": ["Carol", "jazz"], "content": "Carol hates jazz."}], "carol")
-    assert memory.get("jazz", "carol")["content"] == "Carol hates jazz."  # the same id under another user
-    assert memory.get("jazz", "ann")["content"] == JAZZ["content"]
+        memory.delete("jazz", user_id="bob")
+    assert memory.get("jazz", user_id="ann")["status"] == "active"
+    assert memory.search("hiking", user_id="carol").hits == []
+    memory.add_records([{**JAZZ, "speaker": "Carol", "keywords": ["Carol", "jazz"], "content": "Carol hates jazz."}],
+                       user_id="carol")
+    # the same id under another user
+    assert memory.get("jazz", user_id="carol")["content"] == "Carol hates jazz."
+    assert memory.get("jazz", user_id="ann")["content"] == JAZZ["content"]
 
 
 def test_time_constrained_query_prefers_the_right_date(memory):
     memory.add_records([HIKE_APRIL, HIKE_MAY], user_id="ann")
-    result = memory.search("Where did Ann go hiking in May 2023?", "ann", k=2, reference_date="2023-07-01")
+    result = memory.search("Where did Ann go hiking in May 2023?", user_id="ann", k=2, reference_date="2023-07-01")
     assert result.query["time"] == "2023-05"
     dense = {h.record["id"]: h.paths.get("dense", {}).get("rank") for h in result.hits}
     assert dense["hike-apr"] < dense["hike-may"]  # April is semantically closer ("hiking")...
@@ -68,11 +71,11 @@ def test_time_constrained_query_prefers_the_right_date(memory):
 
 def test_each_path_finds_its_own_evidence(memory):
     memory.add_records([HIKE_APRIL, HIKE_MAY, JAZZ], user_id="ann")
-    lexical = memory.search("Eagle Peak", "ann", k=3).hits
+    lexical = memory.search("Eagle Peak", user_id="ann", k=3).hits
     assert lexical[0].record["id"] == "hike-apr" and lexical[0].paths["bm25"]["rank"] == 1
-    semantic = memory.search("What kind of music does she enjoy?", "ann", k=3).hits
+    semantic = memory.search("What kind of music does she enjoy?", user_id="ann", k=3).hits
     assert semantic[0].record["id"] == "jazz" and semantic[0].paths["dense"]["rank"] == 1
-    by_type = memory.search("tell me about her", "ann", k=3, parsed={**parse_query_rules("x"), "target_types": ["profile"],
+    by_type = memory.search("tell me about her", user_id="ann", k=3, parsed={**parse_query_rules("x"), "target_types": ["profile"],
                                                                      "keywords": ["music"]}).hits
     assert by_type[0].record["id"] == "jazz" and by_type[0].paths["dimension"]["rank"] == 1
 
@@ -81,12 +84,12 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
     old = rec(id="home-1", type="fact", content="Ann lives in Denver.", keywords=["Ann", "home", "Denver"])
     new = rec(id="home-2", type="fact", content="Ann moved to Austin and lives in Austin now.", time="2023-06",
               keywords=["Ann", "home", "Austin"], source_turns=["D3:2"])
-    memory.add_records([old], "ann")
-    [event] = memory.add_records([new], "ann")
+    memory.add_records([old], user_id="ann")
+    [event] = memory.add_records([new], user_id="ann")
     assert event == {"id": "home-2", "action": "SUPERSEDE", "target": "home-1"}
-    assert memory.get("home-1", "ann")["status"] == "superseded"
-    assert [h.record["id"] for h in memory.search("Where does Ann live?", "ann").hits] == ["home-2"]
-    history = memory.history("home-1", "ann")
+    assert memory.get("home-1", user_id="ann")["status"] == "superseded"
+    assert [h.record["id"] for h in memory.search("Where does Ann live?", user_id="ann").hits] == ["home-2"]
+    history = memory.history("home-1", user_id="ann")
     assert [h["action"] for h in history] == ["ADD", "SUPERSEDED_BY home-2"]
     assert history[0]["record"]["content"] == "Ann lives in Denver."
 
@@ -95,36 +98,36 @@ def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory
     first = rec(id="trip-1", content="Ann went camping at the lake.", time="2023-07-01", keywords=["Ann", "camping", "lake"])
     again = rec(id="trip-2", content="Ann went camping at the lake with her kids to watch the stars.", time="2023-07-01",
                 keywords=["Ann", "camping", "kids"], source_turns=["D4:2"])
-    memory.add_records([first], "ann")
-    assert memory.add_records([again], "ann") == [{"id": "trip-2", "action": "MERGE", "target": "trip-1"}]
-    kept = memory.get("trip-1", "ann")
+    memory.add_records([first], user_id="ann")
+    assert memory.add_records([again], user_id="ann") == [{"id": "trip-2", "action": "MERGE", "target": "trip-1"}]
+    kept = memory.get("trip-1", user_id="ann")
     assert kept["content"] == again["content"] and kept["keywords"] == ["Ann", "camping", "lake", "kids"]
-    assert kept["source_turns"] == ["D1:1", "D4:2"] and memory.get("trip-2", "ann")["status"] == "merged"
-    assert [h["action"] for h in memory.history("trip-1", "ann")] == ["ADD", "MERGE trip-2"]
+    assert kept["source_turns"] == ["D1:1", "D4:2"] and memory.get("trip-2", user_id="ann")["status"] == "merged"
+    assert [h["action"] for h in memory.history("trip-1", user_id="ann")] == ["ADD", "MERGE trip-2"]
 
-    broken = Memory(tmp_path / "b.sqlite", embedder=embedder,
+    broken = Memory({"store": str(tmp_path / "b.sqlite")}, embedder=embedder,
                     consolidator=lambda new, old, sim: {"action": "MERGE", "memory": {**new, "time": "someday"}})
-    broken.add_records([first], "ann")
-    assert broken.add_records([again], "ann")[0]["action"] == "KEEP_BOTH"
-    assert broken.stats["invalid_consolidations"] == 1 and broken.get("trip-1", "ann")["content"] == first["content"]
+    broken.add_records([first], user_id="ann")
+    assert broken.add_records([again], user_id="ann")[0]["action"] == "KEEP_BOTH"
+    assert broken.stats["invalid_consolidations"] == 1 and broken.get("trip-1", user_id="ann")["content"] == first["content"]
 
 
 def test_update_and_delete_are_versioned(memory):
-    memory.add_records([JAZZ], "ann")
-    memory.update("jazz", "ann", content="Ann loves jazz, especially Coltrane.")
-    memory.delete("jazz", "ann")
-    history = memory.history("jazz", "ann")
+    memory.add_records([JAZZ], user_id="ann")
+    memory.update("jazz", user_id="ann", content="Ann loves jazz, especially Coltrane.")
+    memory.delete("jazz", user_id="ann")
+    history = memory.history("jazz", user_id="ann")
     assert [(h["version"], h["action"]) for h in history] == [(1, "ADD"), (2, "UPDATE"), (3, "DELETE")]
     assert [h["record"]["content"] for h in history][:2] == [JAZZ["content"], "Ann loves jazz, especially Coltrane."]
-    assert memory.search("jazz Coltrane", "ann").hits == []
+    assert memory.search("jazz Coltrane", user_id="ann").hits == []
     with pytest.raises(ValueError, match="time_format"):
-        memory.add_records([rec(time="last May")], "ann")
+        memory.add_records([rec(time="last May")], user_id="ann")
 
 
 def test_candidates_come_from_the_index_not_all_pairs(memory):
-    memory.add_records([HIKE_APRIL, JAZZ, rec(id="tea", type="profile", content="Ann prefers tea.", keywords=["Ann", "tea"])], "ann")
+    memory.add_records([HIKE_APRIL, JAZZ, rec(id="tea", type="profile", content="Ann prefers tea.", keywords=["Ann", "tea"])], user_id="ann")
     before = dict(memory.stats)
-    memory.add_records([rec(id="jazz-2", type="profile", content="Ann listens to jazz records.", keywords=["Ann", "jazz"])], "ann")
+    memory.add_records([rec(id="jazz-2", type="profile", content="Ann listens to jazz records.", keywords=["Ann", "jazz"])], user_id="ann")
     assert memory.stats["embedding_comparisons"] - before.get("embedding_comparisons", 0) == 1  # only the jazz profile
     assert memory.stats["baseline_comparisons"] - before.get("baseline_comparisons", 0) == 3
 
@@ -135,20 +138,21 @@ def test_assistant_recall_follows_the_pointer(memory):
         Turn("S1:2", "assistant", "assistant", "Try lemon garlic spaghetti.", "S1", "2023-05-20T02:21"),
         Turn("S1:3", "ann", "user", "I adopted a cat.", "S1", "2023-05-20T02:21")])
     memory.add_records([rec(id="pasta", speaker="ann", content="Ann asked for a weeknight pasta recipe.",
-                            keywords=["ann", "pasta recipe"], source_turns=["S1:1"], conversation_id="chat")], "ann", conv)
-    plain = memory.search("What pasta did Ann ask about?", "ann")
+                            keywords=["ann", "pasta recipe"], source_turns=["S1:1"], conversation_id="chat")],
+                       user_id="ann", conversation=conv)
+    plain = memory.search("What pasta did Ann ask about?", user_id="ann")
     assert plain.assistant_context == []
-    recalled = memory.search("What pasta recipe did you suggest?", "ann")
+    recalled = memory.search("What pasta recipe did you suggest?", user_id="ann")
     assert recalled.query["need_assistant_context"] and [t["text"] for t in recalled.assistant_context] == ["Try lemon garlic spaghetti."]
     assert memory.stats["assistant_recalls"] == 1
 
 
 def test_export_import_round_trip(memory, tmp_path, embedder):
-    memory.add_records([HIKE_APRIL, JAZZ], "ann")
-    assert memory.export_jsonl("ann", tmp_path / "ann.jsonl") == 2
-    other = Memory(tmp_path / "other.sqlite", embedder=embedder)
-    assert other.import_jsonl("ann", tmp_path / "ann.jsonl") == 2
-    assert other.get("jazz", "ann")["content"] == JAZZ["content"]
+    memory.add_records([HIKE_APRIL, JAZZ], user_id="ann")
+    assert memory.export_jsonl(tmp_path / "ann.jsonl", user_id="ann") == 2
+    other = Memory({"store": str(tmp_path / "other.sqlite")}, embedder=embedder)
+    assert other.import_jsonl(tmp_path / "ann.jsonl", user_id="ann") == 2
+    assert other.get("jazz", user_id="ann")["content"] == JAZZ["content"]
 
 
 def test_migrations_are_recorded(tmp_path):
@@ -160,7 +164,7 @@ def test_migrations_are_recorded(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from dimmem.store import MemoryStore
+    from dimmem.runtime.store import MemoryStore
     store = MemoryStore(sys.argv[1])
     user, start, count, pause = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     import time
@@ -202,19 +206,145 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert len(MemoryStore(db).records("ann")) == 240
 
 
+def memory_command(argv: list[str]) -> int:
+    """`dimmem memory ...` through the command group's own parser (what the dimmem dispatcher calls)."""
+    import argparse
+
+    from dimmem.runtime import cli
+
+    parser = argparse.ArgumentParser(prog="dimmem memory")
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
 @pytest.mark.slow
 def test_memory_cli_loads_labels_and_searches(tmp_path, capsys):
     from data_gen.config import DatagenConfig
     from data_gen.run import run
-    from dimmem.cli import main
 
     run(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 3}, "out": str(tmp_path / "d"),
                                       "windows": {"window": 12, "overlap": 3, "max_tokens": None},
                                       "teacher": {"kind": "oracle"}, "tasks": {"parse_query": False, "consolidate": False}}),
         show_progress=False)
-    assert main(["memory", "load", "--labels", str(tmp_path / "d" / "labels.jsonl"), "--store", str(tmp_path / "m.sqlite")]) == 0
+    store = str(tmp_path / "m.sqlite")
+    assert memory_command(["load", "--labels", str(tmp_path / "d" / "labels.jsonl"), "--store", store,
+                           "--set", "update.similarity_threshold=0.7"]) == 0
     loaded = capsys.readouterr().out
     assert "for 3 users" in loaded and "fewer)" in loaded
-    assert main(["memory", "search", "--store", str(tmp_path / "m.sqlite"), "--user", "toy-0000", "--k", "3", "where", "does", "he", "live"]) == 0
+    assert memory_command(["search", "--store", store, "--user", "toy-0000", "--k", "3",
+                           "where", "does", "he", "live"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("query: 'where does he live'") and lines[1].startswith("1. [") and "#1" in "".join(lines[1:])
+
+
+GOOD_ROW = {"task": "extract", "conversation_id": "c1", "window_id": "c1/w0000", "memories": [
+    {"id": "c1/w0000#m1", **{k: v for k, v in rec().items()}, "session_time": "2023-01-01"}]}
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json\n", "line 1: not JSON"),
+    ('"a string"\n', "line 1: a JSON str, expected an object"),
+    ('[{"task": "extract"}]\n', "line 1: a JSON array; expected JSON lines"),
+    ('[\n  {"task": "extract"}\n]\n', "line 1: a JSON array"),
+    ('{"task": "extract", "window_id": "w"}\n', "line 1: missing key 'conversation_id'"),
+    ('{"task": "extract", "conversation_id": "c", "window_id": "w", "memories": null}\n',
+     "line 1: memories is null"),
+    ('{"task": "extract", "conversation_id": "c", "window_id": "w"}\n', "line 1: missing key 'memories'"),
+    ('{"task": "extract", "conversation_id": "c", "window_id": "w", "memories": [{"id": "x"}]}\n',
+     "line 1: memories[0]: missing key 'source_turns'"),
+    ("\n{GOOD}\n\n[1]\n", "line 4: a JSON list, expected an object"),
+])
+def test_label_memories_names_the_file_and_line_of_bad_input(tmp_path, text, problem):
+    from dimmem.runtime.labels import label_memories
+
+    path = tmp_path / "labels.jsonl"
+    path.write_text(text.replace("{GOOD}", json.dumps(GOOD_ROW)))
+    with pytest.raises(ValueError) as error:
+        label_memories(path)
+    assert str(error.value).startswith(f"{path}: ") and problem in str(error.value)
+
+
+def test_label_memories_skips_blank_lines_and_other_tasks(tmp_path):
+    from dimmem.runtime.labels import label_memories
+
+    path = tmp_path / "labels.jsonl"
+    other = {"task": "parse_query", "conversation_id": "c1", "window_id": "q1", "value": {}}
+    path.write_text(f"\n{json.dumps(GOOD_ROW)}\n   \n{json.dumps(other)}\n")
+    [record] = label_memories(path)["c1"]
+    assert record["id"] == "c1/w0000#m1" and record["window_id"] == "c1/w0000"
+    assert record["session_time"] == "2023-01-01"
+
+
+def test_memory_load_command_reports_bad_labels_without_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "labels.jsonl"
+    bad.write_text(json.dumps(GOOD_ROW) + "\n{oops\n")
+    with pytest.raises(ValueError, match=r"labels.jsonl: line 2: not JSON"):
+        memory_command(["load", "--labels", str(bad), "--store", str(tmp_path / "m.sqlite")])
+    assert not (tmp_path / "m.sqlite").exists()  # refused before the store was opened
+
+
+# --- Memory(config): every default in MemoryConfig ---------------------------------------------------
+def test_memory_config_defaults_and_overrides(tmp_path, embedder):
+    from dimmem.config import ConfigError
+    from dimmem.runtime.config import MemoryConfig
+
+    memory = Memory({"store": str(tmp_path / "m.sqlite")}, embedder=embedder)
+    assert memory.config == MemoryConfig(store=str(tmp_path / "m.sqlite"))  # nothing else set: the defaults
+    assert memory.config.windows.window == 20 and memory.config.retrieval.depth == 50
+    assert type(memory.extractor).__name__ == "TurnExtractor" and memory.embedder is embedder
+    memory.add_records([JAZZ], user_id="ann")
+    as_url = Memory({"store": f"sqlite:///{tmp_path / 'm.sqlite'}"}, embedder=embedder)
+    assert as_url.get("jazz", user_id="ann")
+    with pytest.raises(ConfigError, match="unknown key 'retreival'"):
+        Memory({"retreival": {"depth": 3}}, embedder=embedder)
+    with pytest.raises(ConfigError, match="retrieval.depth"):
+        Memory({"retrieval": {"depth": 0}}, embedder=embedder)
+    with pytest.raises(ConfigError, match="not supported yet"):
+        Memory({"store": "postgresql://db/memories"}, embedder=embedder)
+    with pytest.raises(TypeError, match="Memory.from_config"):
+        Memory(str(tmp_path / "m.sqlite"), embedder=embedder)
+    config = tmp_path / "m.yaml"
+    config.write_text("retrieval: {depth: 7}\n")
+    built = Memory.from_config(config, ["retrieval.weights={bm25: 1, dense: 1, dimension: 0.5}"],
+                               store=str(tmp_path / "y.sqlite"), embedder=None)
+    assert built.config.retrieval.depth == 7 and built.config.retrieval.weights["dimension"] == 0.5
+    assert built.store.path == str(tmp_path / "y.sqlite")
+
+
+# --- get_all: filters and keyset paging ----------------------------------------------------------------
+def test_get_all_filters_and_pages(memory):
+    records = [rec(id=f"r{i:02d}", type=("fact", "episodic", "profile")[i % 3],
+                   content=f"Ann fact number {i}.",
+                   time=f"2023-{i % 12 + 1:02d}-01" if i % 3 == 1 else None, keywords=["Ann", f"k{i}"],
+                   conversation_id="c1" if i < 10 else "c2") for i in range(25)]
+    memory.add_records(records, user_id="ann", consolidate=False)
+    memory.add_records([rec(id="bob-1", speaker="Bob", keywords=["Bob"])], user_id="bob")
+    memory.delete("r00", user_id="ann")
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = memory.get_all(user_id="ann", limit=7, cursor=cursor)
+        seen += [r["id"] for r in page.memories]
+        pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert pages == 4 and seen == [f"r{i:02d}" for i in range(1, 25)]  # active only, in order, none twice
+    everything = memory.get_all(user_id="ann", filters={"status": "any"}, limit=100)
+    assert len(everything.memories) == 25 and everything.next_cursor is None
+    assert [r["id"] for r in memory.get_all(user_id="ann", filters={"status": "deleted"}).memories] == ["r00"]
+    episodic = memory.get_all(user_id="ann", filters={"type": "episodic", "conversation_id": "c2"}).memories
+    assert [r["id"] for r in episodic] == ["r10", "r13", "r16", "r19", "r22"]
+    in_spring = memory.get_all(user_id="ann", filters={"time": "2023-03/2023-05"}).memories
+    # r04 and r16; undated records never match a time
+    assert sorted(r["time"] for r in in_spring) == ["2023-05-01", "2023-05-01"]
+    assert {r["user_id"] for r in memory.get_all(user_id="bob").memories} == {"bob"}
+    assert memory.get_all(user_id="carol").memories == []
+    for bad, match in (({"colour": "red"}, "unknown filter"), ({"type": "dream"}, "type 'dream'"),
+                       ({"status": "gone"}, "status 'gone'"), ({"time": "last May"}, "last May")):
+        with pytest.raises(ValueError, match=match):
+            memory.get_all(user_id="ann", filters=bad)
+    with pytest.raises(ValueError, match="cursor"):
+        memory.get_all(user_id="ann", cursor="not-a-cursor")
+    with pytest.raises(ValueError, match="limit"):
+        memory.get_all(user_id="ann", limit=0)

@@ -2,22 +2,23 @@
 against the fake OpenAI-compatible server's logic, the labels replay and the rule fallback; the model
 client's retries; the dense index staying in step with the store; the YAML config."""
 import json
+import re
 
 import numpy as np
 import pytest
+from datagen_helpers import mock_client
 
 from data_gen.config import DatagenConfig
 from data_gen.fake_teacher import FakeTeacher
 from data_gen.run import run
-from data_gen.toyworld import generate_dialogue
-from datagen_helpers import mock_client
-from dimmem.consolidate import ModelConsolidator
-from dimmem.extractors import EndpointExtractor, ReplayExtractor
-from dimmem.llm import ChatModel, ModelError
-from dimmem.memory import Memory
-from dimmem.query import ModelQueryParser
-from dimmem.store import MemoryStore
-from dimmem.vector_index import VectorIndex
+from dimmem.contract.toyworld import generate_dialogue
+from dimmem.llm import FatalModelError, ModelClient, ModelConfig, ModelError
+from dimmem.runtime.consolidate import ModelConsolidator
+from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor
+from dimmem.runtime.memory import Memory
+from dimmem.runtime.query import ModelQueryParser
+from dimmem.runtime.store import MemoryStore
+from dimmem.runtime.vector_index import VectorIndex
 
 MESSAGES = [
     {"role": "user", "content": "I adopted a beagle called Biscuit last weekend.", "timestamp": "2024-03-04"},
@@ -29,18 +30,30 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.embed import Embedder
+    from dimmem.runtime.embed import Embedder
 
     return Embedder()
 
 
-def served(fake: FakeTeacher, **kwargs) -> ChatModel:
-    return ChatModel("http://fake.test/v1", "extractor", http_client=mock_client(fake, sync=True), max_retries=0, **kwargs)
+THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}  # as configs/memory/served*.yaml set it
+
+
+def served(fake: FakeTeacher, **settings) -> ModelClient:
+    config = ModelConfig(base_url="http://fake.test/v1", model="extractor", max_retries=0,
+                         extra_body=THINKING_OFF, **settings)
+    return ModelClient(config, http_client=mock_client(fake, sync=True))
+
+
+def down(**settings) -> ModelClient:
+    """A client of an endpoint nothing listens on."""
+    config = ModelConfig(base_url="http://127.0.0.1:9/v1", model="m", max_retries=0, timeout=2, **settings)
+    return ModelClient(config)
 
 
 def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(embedder, tmp_path):
     fake = FakeTeacher()
-    memory = Memory(tmp_path / "m.sqlite", embedder=embedder, extractor=EndpointExtractor(served(fake)), window=2, overlap=1)
+    memory = Memory({"store": str(tmp_path / "m.sqlite"), "windows": {"window": 2, "overlap": 1}},
+                    embedder=embedder, extractor=EndpointExtractor(served(fake), concurrency=4))
     result = memory.add(MESSAGES, user_id="ann", conversation_id="chat-1")
     assert result.windows == 3 and not result.failed and not result.rejected
     # the fake extracts each window's first new turn; pointers come back as the conversation's turn ids
@@ -58,7 +71,8 @@ def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(em
 def test_bad_windows_cost_only_themselves(embedder):
     first_new = {"overlap": "t2 user: I work as a nurse", "nonjson": "t2 assistant: That sounds demanding"}
     fake = FakeTeacher({first_new["overlap"]: ["overlap"], first_new["nonjson"]: ["nonjson"]})
-    memory = Memory(embedder=embedder, extractor=EndpointExtractor(served(fake, attempts=1)), window=2, overlap=1)
+    memory = Memory({"store": ":memory:", "windows": {"window": 2, "overlap": 1}}, embedder=embedder,
+                    extractor=EndpointExtractor(served(fake), concurrency=4))
     result = memory.add(MESSAGES, user_id="ann")
     assert [r["source_turns"] for r in memory.store.records("ann")] == [["S1:1"]]
     assert all(r.startswith(f"{result.conversation_id}/w0001: memories[0]") for r in result.rejected)
@@ -70,22 +84,24 @@ def test_bad_windows_cost_only_themselves(embedder):
 def test_model_client_doubles_a_truncated_budget_and_reports_what_failed():
     fake = FakeTeacher({"t1 user: I adopted": ["truncated", "ok"]})
     model = served(fake, max_tokens=100, max_tokens_cap=400)
-    from dimmem.prompts import extract_messages
-    from dimmem.windows import make_windows
-    from dimmem.loaders._fields import Record
-    from dimmem.loaders.chat_jsonl import conversation_from_messages
+    from dimmem.contract.loaders._fields import Record
+    from dimmem.contract.loaders.chat_jsonl import conversation_from_messages
+    from dimmem.contract.prompts import extract_messages
+    from dimmem.contract.windows import make_windows
 
     window = make_windows(conversation_from_messages({"messages": MESSAGES}, Record("m", 1), "c"), 4, 0)[0]
-    answer = model.complete("extract", extract_messages(window))
+    answer = model.json("extract", extract_messages(window), scope=window.scope)
     assert answer["memories"][0]["source_turns"] == ["t1"]
     assert [b["max_tokens"] for b in fake.bodies] == [100, 200]
-    with pytest.raises(ModelError, match="still cut at max_tokens=400"):
-        served(FakeTeacher({"t1 user": ["truncated"]}), max_tokens=100, max_tokens_cap=400).complete(
+    with pytest.raises(ModelError, match="still cut off at max_tokens=400"):
+        served(FakeTeacher({"t1 user": ["truncated"]}), max_tokens=100, max_tokens_cap=400).json(
             "extract", extract_messages(window))
-    with pytest.raises(ModelError, match="refused the request \\(401\\)"):
-        ChatModel("http://fake.test/v1", "m", http_client=_status_client(401), max_retries=0).complete("extract", [])
-    with pytest.raises(ModelError, match="unavailable"):
-        ChatModel("http://127.0.0.1:9/v1", "m", max_retries=0, timeout=2).complete("extract", [])
+    refusing = ModelClient(ModelConfig(base_url="http://fake.test/v1", model="m", max_retries=0),
+                           http_client=_status_client(401))
+    with pytest.raises(FatalModelError, match="\\(401\\)"):
+        refusing.json("extract", [])
+    with pytest.raises(ModelError, match="^http://127.0.0.1:9/v1: .*attempts"):  # says where and how often
+        down().json("extract", [])
 
 
 def _status_client(status: int):
@@ -96,8 +112,7 @@ def _status_client(status: int):
 
 
 def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_down():
-    down = ChatModel("http://127.0.0.1:9/v1", "m", max_retries=0, timeout=2)
-    parser = ModelQueryParser(down)
+    parser = ModelQueryParser(down())
     assert parser("What did Ann do in May 2023?", "2023-06-01")["time"] == "2023-05"
     assert parser.stats == {"unavailable": 1}
     up = ModelQueryParser(served(FakeTeacher()))
@@ -105,7 +120,7 @@ def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_d
     new = {"source_turns": ["D2:1"], "speaker": "Ann", "content": "Ann lives in Porto.", "type": "fact", "time": None,
            "location": "Porto", "reason": None, "purpose": None, "keywords": ["Ann", "home"]}
     old = {**new, "source_turns": ["D1:1"], "content": "Ann lives in Lisbon.", "location": "Lisbon"}
-    assert ModelConsolidator(down)(new, old, 0.9)["action"] == "SUPERSEDE"  # the rule for facts
+    assert ModelConsolidator(down())(new, old, 0.9)["action"] == "SUPERSEDE"  # the rule for facts
     assert ModelConsolidator(served(FakeTeacher()))(new, old, 0.9) == {"action": "KEEP_BOTH", "memory": None}
 
 
@@ -116,18 +131,20 @@ def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path):
     labels = tmp_path / "d" / "labels.jsonl"
     expected = {m["id"] for line in labels.read_text().splitlines() if (row := json.loads(line))["conversation_id"] == "toy-0001"
                 for m in row["memories"]}
-    memory = Memory(embedder=embedder, extractor=ReplayExtractor(labels), window=10, overlap=2)
+    memory = Memory({"store": ":memory:", "windows": {"window": 10, "overlap": 2}}, embedder=embedder,
+                    extractor=ReplayExtractor(labels))
     result = memory.add(generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
     assert not result.failed and not result.rejected
     assert {e["id"] for e in result.events} == expected  # every labelled record, under its labelled id
-    missing = Memory(embedder=embedder, extractor=ReplayExtractor(labels), window=7, overlap=2).add(
+    missing = Memory({"store": ":memory:", "windows": {"window": 7, "overlap": 2}}, embedder=embedder,
+                     extractor=ReplayExtractor(labels)).add(
         generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
     assert missing.failed and all("no stored answer" in why for why in missing.failed.values())
 
 
 def test_vector_index_follows_appends_removals_and_other_writers(embedder, tmp_path):
-    a = Memory(tmp_path / "v.sqlite", embedder=embedder)
-    b = Memory(tmp_path / "v.sqlite", embedder=embedder)  # a second writer on the same file
+    a = Memory({"store": str(tmp_path / "v.sqlite")}, embedder=embedder)
+    b = Memory({"store": str(tmp_path / "v.sqlite")}, embedder=embedder)  # a second writer on the same file
     a.add(MESSAGES, user_id="ann", conversation_id="c1")
     query = embedder.encode(["beagle puppy"])[0]
     assert a.vectors.search("ann", query, 1)[0][0] == "c1/w0000#m1"
@@ -156,40 +173,66 @@ def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):
 
 
 def test_memory_config_builds_the_runtime_and_names_what_is_missing(tmp_path):
-    from dimmem.memory_config import load_memory_config
+    from dimmem.config import ConfigError
 
     config = tmp_path / "m.yaml"
     config.write_text(f"store: {tmp_path / 'm.sqlite'}\nretrieval: {{depth: 7, weights: {{bm25: 1, dense: 1, dimension: 0.5}}}}\n")
     memory = Memory.from_config(config)
-    assert memory.depth == 7 and memory.weights["dimension"] == 0.5 and type(memory.extractor).__name__ == "TurnExtractor"
-    config.write_text("extractor: model\n")
-    with pytest.raises(ValueError, match="needs a `model:` section"):
-        load_memory_config(config)
-    config.write_text("extractor: replay\n")
-    with pytest.raises(ValueError, match="needs `labels:`"):
-        load_memory_config(config)
-    config.write_text("retrieval: {depth: many}\n")
-    with pytest.raises(ValueError, match="retrieval.depth"):
-        load_memory_config(config)
+    retrieval = memory.config.retrieval
+    assert retrieval.depth == 7 and retrieval.weights["dimension"] == 0.5
+    assert type(memory.extractor).__name__ == "TurnExtractor"
+    for text, problem in (("extractor: model\n", "needs a `model:` section"),
+                          ("extractor: replay\n", "needs `labels:`"),
+                          ("retrieval: {depth: many}\n", "retrieval.depth"),
+                          ("model: {base_url: x}\n", "missing key 'model.model'"),
+                          ("windows: {window: 4, overlap: 4}\n", "overlap (4) must be smaller"),
+                          ("model: {model: m, constrained: true}\n", "unknown key 'model.constrained'")):
+        config.write_text(text)
+        with pytest.raises(ConfigError, match=f"^{re.escape(str(config))}: .*{re.escape(problem)}"):
+            Memory.from_config(config)
+    config.write_text("extractor: model\nquery_parser: model\n"
+                      "model: {base_url: 'http://127.0.0.1:9/v1', model: m}\n")
+    served_memory = Memory.from_config(config, store=":memory:")
+    # one client for the model tasks: one rate limit, one usage count
+    assert served_memory.extractor.client is served_memory.query_parser.client
+    assert served_memory.consolidator.__name__ == "consolidate_rules"
+
+
+def test_shipped_memory_configs_load():
+    from dimmem.config import load_config
+    from dimmem.paths import CONFIG_DIR
+    from dimmem.runtime.config import MemoryConfig
+
+    for path in sorted((CONFIG_DIR / "memory").glob("*.yaml")):
+        config = load_config(MemoryConfig, path)
+        if config.model is not None:
+            assert config.model.extra_body == THINKING_OFF and config.model.structured_outputs
 
 
 def test_memory_add_command_extracts_a_chat_file_and_search_finds_it(tmp_path, capsys):
+    import argparse
     from pathlib import Path
 
-    from dimmem.cli import main
+    from dimmem.runtime import cli
+
+    def main(argv):
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        return cli.run(parser.parse_args(argv))
 
     chats = Path(__file__).parent / "fixtures" / "chats.jsonl"
     store = str(tmp_path / "m.sqlite")
-    assert main(["memory", "add", "--format", "chat_jsonl", "--input", str(chats), "--store", store]) == 0
+    assert main(["add", "--format", "chat_jsonl", "--input", str(chats), "--store", store]) == 0
     out = capsys.readouterr().out
     assert "2 conversations" in out and "0 windows without an answer" in out
-    assert main(["memory", "search", "--store", store, "--user", "chat-1", "--k", "1", "where", "does", "Ann", "live"]) == 0
+    assert main(["search", "--store", store, "--user", "chat-1", "--k", "1", "where", "does", "Ann",
+                 "live"]) == 0
     assert "Lisbon" in capsys.readouterr().out.splitlines()[1]
 
 
 def test_weighted_fusion_and_fitted_weights_on_crafted_rankings():
+    from dimmem.runtime.retrieval import rrf
     from eval.retrieval import fit_weights
-    from dimmem.retrieval import rrf
 
     paths = {"bm25": [("a", 3.0), ("b", 2.0)], "dense": [("b", 0.9), ("c", 0.8)], "dimension": [("c", 2.0)]}
     assert [rid for rid, _, _ in rrf(paths)][0] == "b"  # on two paths

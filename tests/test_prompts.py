@@ -4,11 +4,11 @@ import re
 import pytest
 
 from conftest import make_conversation
-from dimmem.prompts import available, consolidate_messages, extract_messages, human_date, load_prompt, parse_query_messages
-from dimmem.records import TASK_MODELS
-from dimmem.tokens import count_prompt_tokens, render_prompt
-from dimmem.validate import TASK_RULES
-from dimmem.windows import make_windows
+from dimmem.contract.prompts import available, consolidate_messages, extract_messages, human_date, load_prompt, parse_query_messages
+from dimmem.contract.records import TASK_MODELS
+from dimmem.contract.tokens import count_prompt_tokens, render_prompt
+from dimmem.contract.validate import TASK_RULES
+from dimmem.contract.windows import make_windows
 
 
 @pytest.mark.parametrize("task", TASK_MODELS)

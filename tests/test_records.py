@@ -1,36 +1,65 @@
 """The schemas are the contract with OpenAI strict structured outputs and with vLLM's xgrammar backend."""
-import copy
+
 import json
 
+import openai
 import pytest
 from jsonschema import Draft202012Validator
-from openai.lib._pydantic import _ensure_strict_json_schema
 
-from dimmem.records import TASK_MODELS, canonical_json, json_schema, response_format, window_schema
-from dimmem.validate import TurnScope, validate
+from dimmem.contract.records import TASK_MODELS, canonical_json, json_schema, response_format, window_schema
+from dimmem.contract.validate import TurnScope, validate
 
-DESIGN_EXAMPLE = {"memories": [{
-    "source_turns": ["t6", "t7"], "speaker": "Caroline",
-    "content": "Caroline attended an LGBTQ support group on 2023-05-07 and found the transgender stories inspiring.",
-    "type": "episodic", "time": "2023-05-07", "location": None, "reason": "she wanted support while coming out",
-    "purpose": None, "keywords": ["Caroline", "LGBTQ support group", "transgender stories"],
-}]}
+DESIGN_EXAMPLE = {
+    "memories": [
+        {
+            "source_turns": ["t6", "t7"],
+            "speaker": "Caroline",
+            "content": "Caroline attended an LGBTQ support group on 2023-05-07 and found the transgender "
+            "stories inspiring.",
+            "type": "episodic",
+            "time": "2023-05-07",
+            "location": None,
+            "reason": "she wanted support while coming out",
+            "purpose": None,
+            "keywords": ["Caroline", "LGBTQ support group", "transgender stories"],
+        }
+    ]
+}
 EXAMPLES = {
     "extract": DESIGN_EXAMPLE,
-    "parse_query": {"target_types": ["episodic"], "time": "2023-05", "location": None, "keywords": ["support group"], "need_assistant_context": False},
+    "parse_query": {
+        "target_types": ["episodic"],
+        "time": "2023-05",
+        "location": None,
+        "keywords": ["support group"],
+        "need_assistant_context": False,
+    },
     "consolidate": {"action": "SUPERSEDE", "memory": DESIGN_EXAMPLE["memories"][0]},
 }
 
 
-@pytest.mark.parametrize("task", TASK_MODELS)
-def test_openai_strict_conversion_is_a_no_op(task):
-    schema = json_schema(task)
-    converted = _ensure_strict_json_schema(copy.deepcopy(schema), path=(), root=copy.deepcopy(schema))
-    assert converted == schema
+def plain_form(node):
+    """A pydantic JSON schema in our schema's form: no titles, `T | None` as a type union."""
+    if isinstance(node, list):
+        return [plain_form(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: (v if k == "properties" else plain_form(v)) for k, v in node.items() if k != "title"}
+    if "properties" in node:  # property names are data, not keywords: "title" there would be a field
+        node["properties"] = {name: plain_form(v) for name, v in node["properties"].items()}
+    variants = node.get("anyOf")
+    if variants and {"type": "null"} in variants and len(variants) == 2:
+        other = next(v for v in variants if v != {"type": "null"})
+        if set(other) == {"type"}:
+            node = {k: v for k, v in node.items() if k != "anyOf"}
+            node["type"] = [other["type"], "null"]
+    return node
 
 
-@pytest.mark.parametrize("task", TASK_MODELS)
-def test_schema_is_strict_everywhere(task):
+def assert_strict(schema):
+    """OpenAI strict mode's rules, checked here rather than through a private openai helper: every object
+    closed (additionalProperties false) with every property required, in order, and no titles."""
+
     def objects(node):
         if isinstance(node, dict):
             if node.get("type") == "object":
@@ -41,12 +70,29 @@ def test_schema_is_strict_everywhere(task):
             for value in node:
                 yield from objects(value)
 
-    found = list(objects(json_schema(task)))
+    found = list(objects(schema))
     assert found
     for obj in found:
         assert obj["additionalProperties"] is False
         assert obj["required"] == list(obj["properties"])
         assert "title" not in obj
+
+
+@pytest.mark.parametrize("task", TASK_MODELS)
+def test_openai_strict_conversion_is_a_no_op(task):
+    # openai.pydantic_function_tool (public) turns a model into a strict function schema, adding what
+    # strict mode needs (closed objects, every property required, no defaults). Nothing to add: the
+    # models are strict as defined, and json_schema() is that same schema in its own form.
+    model = TASK_MODELS[task]
+    tool = openai.pydantic_function_tool(model)["function"]
+    assert tool["strict"] is True
+    assert tool["parameters"] == model.model_json_schema()
+    assert plain_form(tool["parameters"]) == json_schema(task)
+
+
+@pytest.mark.parametrize("task", TASK_MODELS)
+def test_schema_is_strict_everywhere(task):
+    assert_strict(json_schema(task))
 
 
 def test_nullable_fields_are_type_unions():
@@ -101,7 +147,9 @@ class TestXGrammar:
     def test_compiles_and_accepts_canonical_answers(self, compiler, task):
         import xgrammar as xgr
 
-        compiled = compiler.compile_json_schema(json.dumps(json_schema(task)))  # vLLM compiles with any_whitespace on
+        compiled = compiler.compile_json_schema(
+            json.dumps(json_schema(task))
+        )  # vLLM compiles with any_whitespace on
         matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
         assert matcher.accept_string(canonical_json(task, EXAMPLES[task]))
         assert matcher.is_terminated()
@@ -109,7 +157,9 @@ class TestXGrammar:
     def test_rejects_what_the_schema_forbids(self, compiler):
         import xgrammar as xgr
 
-        compiled = compiler.compile_json_schema(json.dumps(json_schema("extract")))  # vLLM compiles with any_whitespace on
+        compiled = compiler.compile_json_schema(
+            json.dumps(json_schema("extract"))
+        )  # vLLM compiles with any_whitespace on
         memory = dict(DESIGN_EXAMPLE["memories"][0])
         for bad in ({**memory, "type": "opinion"}, {**memory, "time": 2023}):
             matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
@@ -121,34 +171,47 @@ class TestXGrammar:
 
         compiled = compiler.compile_json_schema(json.dumps(window_schema(SCOPE.citable())))
         memory = {**DESIGN_EXAMPLE["memories"][0], "speaker": "Bob", "source_turns": ["t4"]}
-        for answer, accepted in (({"memories": [memory]}, True), ({"memories": []}, True),
-                                 ({"memories": [{**memory, "speaker": "Ann"}]}, False),
-                                 ({"memories": [{**memory, "source_turns": ["t2"]}]}, False)):
+        for answer, accepted in (
+            ({"memories": [memory]}, True),
+            ({"memories": []}, True),
+            ({"memories": [{**memory, "speaker": "Ann"}]}, False),
+            ({"memories": [{**memory, "source_turns": ["t2"]}]}, False),
+        ):
             matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
             assert matcher.accept_string(canonical_json("extract", answer)) == accepted, answer
 
 
-SCOPE = TurnScope({"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob", "t5": "Ann"}, frozenset({"t3", "t4", "t5"}))
+SCOPE = TurnScope(
+    {"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob", "t5": "Ann"}, frozenset({"t3", "t4", "t5"})
+)
 
 
 def test_window_schema_is_strict_and_lists_each_speakers_new_turns():
     schema = response_format("extract", SCOPE.citable())["json_schema"]["schema"]
-    converted = _ensure_strict_json_schema(copy.deepcopy(schema), path=(), root=copy.deepcopy(schema))
-    assert converted == schema  # OpenAI accepts it as strict too
-    variants = [schema["$defs"][ref["$ref"].rsplit("/", 1)[1]] for ref in schema["properties"]["memories"]["items"]["anyOf"]]
-    assert [(v["properties"]["speaker"]["enum"], v["properties"]["source_turns"]["items"]["enum"]) for v in variants] == \
-        [(["Ann"], ["t3", "t5"]), (["Bob"], ["t4"])]
+    assert_strict(schema)  # OpenAI accepts it as strict too
+    variants = [
+        schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]
+        for ref in schema["properties"]["memories"]["items"]["anyOf"]
+    ]
+    assert [
+        (v["properties"]["speaker"]["enum"], v["properties"]["source_turns"]["items"]["enum"])
+        for v in variants
+    ] == [(["Ann"], ["t3", "t5"]), (["Bob"], ["t4"])]
     assert response_format("extract")["json_schema"]["schema"] == json_schema("extract")
 
 
 def test_window_schema_answers_pass_the_pointer_rules():
     memory = {**DESIGN_EXAMPLE["memories"][0], "speaker": "Ann", "source_turns": ["t3", "t5"]}
     validator = Draft202012Validator(window_schema(SCOPE.citable()))
-    assert validator.is_valid({"memories": [memory]}) and validate("extract", {"memories": [memory]}, SCOPE).ok
-    for bad, rule in (({**memory, "source_turns": ["t1"]}, "source_turns_overlap"),
-                      ({**memory, "source_turns": ["t4"]}, "speaker_mismatch"),
-                      ({**memory, "source_turns": ["t9"]}, "source_turns_unknown"),
-                      ({**memory, "source_turns": []}, "source_turns_empty")):
+    assert (
+        validator.is_valid({"memories": [memory]}) and validate("extract", {"memories": [memory]}, SCOPE).ok
+    )
+    for bad, rule in (
+        ({**memory, "source_turns": ["t1"]}, "source_turns_overlap"),
+        ({**memory, "source_turns": ["t4"]}, "speaker_mismatch"),
+        ({**memory, "source_turns": ["t9"]}, "source_turns_unknown"),
+        ({**memory, "source_turns": []}, "source_turns_empty"),
+    ):
         assert not validator.is_valid({"memories": [bad]})  # the schema forbids what the rule would reject
         assert rule in {issue.rule for issue in validate("extract", {"memories": [bad]}, SCOPE).issues}
     assert not Draft202012Validator(window_schema({})).is_valid({"memories": [memory]})

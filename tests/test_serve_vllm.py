@@ -1,6 +1,7 @@
 """Serving exported extractors with vLLM: the command's flags from dimmem_export.json; and with vLLM for
 CPU (.venv-vllm) the command checked by vLLM's own parser, the tiny model served merged and as base +
 LoRA adapter under structured outputs, and the memory service in front of it."""
+
 import json
 import os
 import subprocess
@@ -12,20 +13,30 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from dimmem.launch import Service, free_port
 from dimmem.paths import CONFIG_DIR, shared_data
-from serve.launch import Service, free_port
 from serve.vllm import VLLM_PYTHON, VLLM_READY, lora_rank, vllm_command, vllm_service
 
 # `make test` sets DIMMEM_REQUIRE_VLLM after building .venv-vllm: there a missing vLLM fails, never skips
-needs_vllm = pytest.mark.skipif(not VLLM_READY and not os.environ.get("DIMMEM_REQUIRE_VLLM"),
-                                reason="needs .venv-vllm (`make serve-cpu`); `make test` builds it")
+needs_vllm = pytest.mark.skipif(
+    not VLLM_READY and not os.environ.get("DIMMEM_REQUIRE_VLLM"),
+    reason="needs .venv-vllm (`make serve-cpu`); `make test` builds it",
+)
 
 
 def export(folder, merged: bool, modules_to_save=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "dimmem_export.json").write_text(json.dumps({
-        "base_model": "Qwen/Qwen3-4B", "merged": merged, "max_model_len": 8192, "lora_r": 12,
-        "chat_template_kwargs": {"enable_thinking": False}}))
+    (folder / "dimmem_export.json").write_text(
+        json.dumps(
+            {
+                "base_model": "Qwen/Qwen3-4B",
+                "merged": merged,
+                "max_model_len": 8192,
+                "lora_r": 12,
+                "chat_template_kwargs": {"enable_thinking": False},
+            }
+        )
+    )
     if not merged:
         (folder / "adapter_config.json").write_text(json.dumps({"r": 12, "modules_to_save": modules_to_save}))
     return folder
@@ -47,8 +58,14 @@ def test_merged_export_is_served_under_the_extractor_name_with_training_settings
 def test_adapter_export_is_served_as_lora_over_its_base(tmp_path):
     adapter = export(tmp_path / "adapter", merged=False)
     command = vllm_command(adapter=str(adapter))
-    assert flag(command, "--model") == "Qwen/Qwen3-4B" and flag(command, "--served-model-name") == "dimmem-extractor-base"
-    assert flag(command, "--lora-modules") == f"dimmem-extractor={adapter}" and flag(command, "--max-lora-rank") == "16"
+    assert (
+        flag(command, "--model") == "Qwen/Qwen3-4B"
+        and flag(command, "--served-model-name") == "dimmem-extractor-base"
+    )
+    assert (
+        flag(command, "--lora-modules") == f"dimmem-extractor={adapter}"
+        and flag(command, "--max-lora-rank") == "16"
+    )
     assert flag(vllm_command(base="local/base", adapter=str(adapter)), "--model") == "local/base"
     assert lora_rank(8) == 8 and lora_rank(65) == 128
 
@@ -63,25 +80,37 @@ def test_mismatched_exports_are_refused_with_the_right_command(tmp_path):
     with pytest.raises(ValueError, match="either a merged export"):
         vllm_command()
     with pytest.raises(ValueError, match=r"\['embed_tokens', 'lm_head'\].*export the run with --merge"):
-        vllm_command(adapter=str(export(tmp_path / "full", merged=False, modules_to_save=["embed_tokens", "lm_head"])))
+        vllm_command(
+            adapter=str(export(tmp_path / "full", merged=False, modules_to_save=["embed_tokens", "lm_head"]))
+        )
 
 
 @pytest.mark.integration
 @needs_vllm
 def test_vllm_accepts_the_command(tmp_path):
-    for command in (vllm_command(model=str(export(tmp_path / "m", merged=True))),
-                    vllm_command(adapter=str(export(tmp_path / "a", merged=False)))):
-        check = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-                 "from vllm.entrypoints.launchers.cli_args import make_arg_parser; "
-                 "a = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:]); "
-                 "print(a.default_chat_template_kwargs, a.enable_prefix_caching, a.max_model_len)")
-        out = subprocess.run([str(VLLM_PYTHON), "-c", check, *command[3:]], capture_output=True, text=True, timeout=300)
+    for command in (
+        vllm_command(model=str(export(tmp_path / "m", merged=True))),
+        vllm_command(adapter=str(export(tmp_path / "a", merged=False))),
+    ):
+        check = (
+            "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+            "from vllm.entrypoints.launchers.cli_args import make_arg_parser; "
+            "a = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:]); "
+            "print(a.default_chat_template_kwargs, a.enable_prefix_caching, a.max_model_len)"
+        )
+        out = subprocess.run(
+            [str(VLLM_PYTHON), "-c", check, *command[3:]], capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split()[:3] == ["{'enable_thinking':", "False}", "True"]
 
 
 # ---- the served extractor on vLLM for CPU (integration: `make test` builds .venv-vllm) -----------------
 
+
+# what the served tiny model must extract on 12 held-out toy windows (see the test that uses them)
+VALID_RATE_FLOOR = 0.75
+MEMORY_F1_FLOOR = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -96,18 +125,35 @@ def exports(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("served")
     datagen = yaml.safe_load((CONFIG_DIR / "datagen" / "toy.yaml").read_text())
-    datagen.update(out=str(root / "data"), tasks={"extract": True, "parse_query": False, "consolidate": False})
+    datagen.update(
+        out=str(root / "data"), tasks={"extract": True, "parse_query": False, "consolidate": False}
+    )
     run(DatagenConfig.model_validate(datagen), show_progress=False)
     tiny = yaml.safe_load((CONFIG_DIR / "train" / "tiny.yaml").read_text())
-    tiny.update(dataset_path=str(root / "data"), model_name_or_path=str(root / "base"), output_dir=str(root / "run"),
-                eval_strategy="no", save_strategy="no", report_to=["none"])
+    tiny.update(
+        dataset_path=str(root / "data"),
+        model_name_or_path=str(root / "base"),
+        output_dir=str(root / "run"),
+        eval_strategy="no",
+        save_strategy="no",
+        report_to=["none"],
+    )
     tiny["tiny_base"]["tokenizer"] = str(shared_data("qwen3-tokenizer"))
     (root / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     assert train(["--config", str(root / "tiny.yaml")]) == 0
     assert export_run(["--run", str(root / "run"), "--out", str(root / "merged"), "--merge"]) == 0
     adapter = {k: v for k, v in tiny.items() if k != "tiny_base"}
-    adapter.update(model_name_or_path=str(root / "merged"), output_dir=str(root / "adapter-run"), lora_modules_to_save=None,
-                   lora_r=8, lora_alpha=16, max_steps=8, learning_rate=2e-3, lr_scheduler_type="constant", warmup_steps=0)
+    adapter.update(
+        model_name_or_path=str(root / "merged"),
+        output_dir=str(root / "adapter-run"),
+        lora_modules_to_save=None,
+        lora_r=8,
+        lora_alpha=16,
+        max_steps=8,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    )
     (root / "adapter.yaml").write_text(yaml.safe_dump(adapter))
     assert train(["--config", str(root / "adapter.yaml")]) == 0
     assert export_run(["--run", str(root / "adapter-run"), "--out", str(root / "adapter")]) == 0
@@ -126,7 +172,9 @@ def served(request, exports, tmp_path_factory):
 
 def http(method: str, url: str, key: str | None = None, body: dict | None = None) -> tuple[int, dict | str]:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    request = urllib.request.Request(url, json.dumps(body).encode() if body is not None else None, headers, method=method)
+    request = urllib.request.Request(
+        url, json.dumps(body).encode() if body is not None else None, headers, method=method
+    )
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
             status, raw = response.status, response.read().decode()
@@ -152,13 +200,43 @@ def test_served_extractor_is_schema_valid_under_structured_outputs(served, expor
     runs = {}
     for model in ["dimmem-extractor"] + (["dimmem-extractor-base"] if kind == "adapter" else []):
         runs[model] = out = tmp_path / model
-        assert evaluate(["extraction", "--references", f"{exports['data']}:test", "--base-url", url, "--model", model,
-                         "--max-tokens", "768", "--limit", "12", "--out", str(out)]) == 0
+        assert (
+            evaluate(
+                [
+                    "extraction",
+                    "--references",
+                    f"{exports['data']}:test",
+                    "--base-url",
+                    url,
+                    "--model",
+                    model,
+                    "--max-tokens",
+                    "768",
+                    "--limit",
+                    "12",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     metrics = json.loads((runs["dimmem-extractor"] / "metrics.json").read_text())
     assert metrics["windows"] == 12 and metrics["memories_predicted"] > 0
     assert metrics["parse_rate"] == metrics["schema_valid_rate"] == 1.0 and metrics["truncation_rate"] == 0.0
+    # Structured outputs guarantee the lines above whatever the weights; these floors are on what the
+    # model extracted. BENCHMARKS.md ("The served extractor"), same recipe, per-window schema, 12 windows:
+    # valid 0.917, memory F1 0.308 (36 windows: 0.944 / 0.242). An untrained tiny model, or one that ignores
+    # the prompt, finds next to no reference memory (F1 near 0); the adapter is 8 gentle steps over the
+    # merged export, so the same floors hold for it.
+    assert metrics["valid_rate"] >= VALID_RATE_FLOOR, metrics["rule_violation_rate"]
+    assert metrics["memory_f1"] >= MEMORY_F1_FLOOR, (
+        metrics["memories_predicted"],
+        metrics["memories_matched"],
+    )
     if kind == "adapter":
-        answers = [[json.loads(line)["output"] for line in (runs[m] / "predictions.jsonl").open()] for m in runs]
+        answers = [
+            [json.loads(line)["output"] for line in (runs[m] / "predictions.jsonl").open()] for m in runs
+        ]
         assert answers[0] != answers[1]
 
 
@@ -176,24 +254,54 @@ def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
     memory["windows"]["tokenizer"] = str(exports["merged"])
     (tmp_path / "memory.yaml").write_text(yaml.safe_dump(memory))
     port = free_port()
-    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({
-        "memory_config": str(tmp_path / "memory.yaml"), "store": str(tmp_path / "memory.sqlite"), "port": port,
-        "tenants": [{"name": "a", "api_key_env": "TENANT_A_KEY"}, {"name": "b", "api_key_env": "TENANT_B_KEY"}]}))
+    (tmp_path / "serve.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "memory_config": str(tmp_path / "memory.yaml"),
+                "store": str(tmp_path / "memory.sqlite"),
+                "port": port,
+                "tenants": [
+                    {"name": "a", "api_key_env": "TENANT_A_KEY"},
+                    {"name": "b", "api_key_env": "TENANT_B_KEY"},
+                ],
+            }
+        )
+    )
     api = f"http://127.0.0.1:{port}"
-    with Service([sys.executable, "-m", "serve", "api", "--config", str(tmp_path / "serve.yaml")], f"{api}/healthz",
-                 tmp_path / "api.log", env={"TENANT_A_KEY": "key-a", "TENANT_B_KEY": "key-b"}, startup_timeout=120):
+    with Service(
+        [sys.executable, "-m", "serve", "api", "--config", str(tmp_path / "serve.yaml")],
+        f"{api}/healthz",
+        tmp_path / "api.log",
+        env={"TENANT_A_KEY": "key-a", "TENANT_B_KEY": "key-b"},
+        startup_timeout=120,
+    ):
         messages, _ = toy_messages(CONVERSATION_INDEX)
         status, added = http("POST", f"{api}/v1/memories", "key-a", {"user_id": "ann", "messages": messages})
         assert status == 200 and added["failed"] == {} and added["windows"] == 6
         # stored as itself (a merged record lives on in its target), and not replaced by a later one
         replaced = {e["target"] for e in added["events"]}
-        stored = [e["id"] for e in added["events"] if e["action"] in ("KEEP_BOTH", "SUPERSEDE") and e["id"] not in replaced]
+        stored = [
+            e["id"]
+            for e in added["events"]
+            if e["action"] in ("KEEP_BOTH", "SUPERSEDE") and e["id"] not in replaced
+        ]
         assert stored, added
         record_path = f"{api}/v1/memories/{quote(stored[0], safe='')}?user_id=ann"
         status, record = http("GET", record_path, "key-a")
-        assert status == 200 and record["status"] == "active" and record["conversation_id"] == added["conversation_id"]
-        status, found = http("POST", f"{api}/v1/search", "key-a", {"user_id": "ann", "query": record["content"], "k": 10})
+        assert (
+            status == 200
+            and record["status"] == "active"
+            and record["conversation_id"] == added["conversation_id"]
+        )
+        status, found = http(
+            "POST", f"{api}/v1/search", "key-a", {"user_id": "ann", "query": record["content"], "k": 10}
+        )
         assert status == 200 and stored[0] in [hit["record"]["id"] for hit in found["hits"]]
-        assert http("POST", f"{api}/v1/search", "key-b", {"user_id": "ann", "query": record["content"]})[1]["hits"] == []
+        assert (
+            http("POST", f"{api}/v1/search", "key-b", {"user_id": "ann", "query": record["content"]})[1][
+                "hits"
+            ]
+            == []
+        )
         assert http("GET", record_path, "key-b")[0] == 404
         assert http("POST", f"{api}/v1/search", "wrong", {"user_id": "ann", "query": "x"})[0] == 401

@@ -3,10 +3,10 @@ import json
 
 from data_gen.config import DatagenConfig
 from data_gen.run import run
-from data_gen.toyworld import generate_world
-from dimmem.loaders import conversation_from_messages
-from dimmem.loaders._fields import Record
-from dimmem.validate import TurnScope, validate
+from dimmem.contract.toyworld import generate_world
+from dimmem.contract.loaders import conversation_from_messages
+from dimmem.contract.loaders._fields import Record
+from dimmem.contract.validate import TurnScope, validate
 
 
 def test_same_seed_same_world_other_seed_other_world():

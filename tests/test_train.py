@@ -1,5 +1,6 @@
 """Training: answer-only loss with the real Qwen3 template, data checks, tiny CPU runs (loss falls,
 resume, two processes), launch configs, export (merge parity, loading, Hub push)."""
+
 import json
 import os
 import subprocess
@@ -11,8 +12,8 @@ import pytest
 import torch
 import yaml
 
+from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR, REPO_ROOT, shared_data
-from dimmem.tokens import render_prompt
 from train.args import QWEN3_LINEAR, parse_args
 from train.data import DatasetFormatError, mix_tasks, prepare_split, tokenize_row
 from train.sft import check_packing
@@ -20,7 +21,12 @@ from train.sft import check_packing
 MESSAGES = [
     {"role": "system", "content": "You extract memories."},
     {"role": "user", "content": "t1 Ann: I adopted a cat named Miso yesterday."},
-    {"role": "assistant", "content": '{"memories":[{"source_turns":["t1"],"speaker":"Ann","content":"Ann adopted a cat named Miso on 2024-01-01.","type":"episodic","time":"2024-01-01","location":null,"reason":null,"purpose":null,"keywords":["Ann","Miso"]}]}'},
+    {
+        "role": "assistant",
+        "content": '{"memories":[{"source_turns":["t1"],"speaker":"Ann","content":"Ann adopted a cat named '
+        'Miso on 2024-01-01.","type":"episodic","time":"2024-01-01","location":null,"reason":null,'
+        '"purpose":null,"keywords":["Ann","Miso"]}]}',
+    },
 ]
 
 
@@ -40,13 +46,16 @@ def test_label_mask_token_by_token(qwen3_tokenizer):
     assert ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")
     # the same tokens as the full rendered conversation: no merge across the prompt/answer boundary
     assert ids == tok(prompt + MESSAGES[2]["content"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
-    assert "system" not in tok.decode([t for t, l in zip(ids, labels) if l != -100])
+    assert "system" not in tok.decode([t for t, label in zip(ids, labels) if label != -100])
 
 
-@pytest.mark.parametrize("messages,error", [
-    (MESSAGES[1:], "roles"),
-    (MESSAGES[:2] + [{"role": "assistant", "content": "  "}], "empty assistant answer"),
-])
+@pytest.mark.parametrize(
+    "messages,error",
+    [
+        (MESSAGES[1:], "roles"),
+        (MESSAGES[:2] + [{"role": "assistant", "content": "  "}], "empty assistant answer"),
+    ],
+)
 def test_bad_rows_fail_clearly(qwen3_tokenizer, messages, error):
     with pytest.raises(DatasetFormatError, match=error):
         tokenize_row(messages, qwen3_tokenizer)
@@ -65,7 +74,10 @@ def test_overlong_rows_are_an_error_unless_dropped(qwen3_tokenizer):
 def test_task_mixing():
     from datasets import Dataset
 
-    split = Dataset.from_list([{"task": "extract", "i": i} for i in range(10)] + [{"task": "consolidate", "i": i} for i in range(10)])
+    split = Dataset.from_list(
+        [{"task": "extract", "i": i} for i in range(10)]
+        + [{"task": "consolidate", "i": i} for i in range(10)]
+    )
     mixed = mix_tasks(split, {"extract": 2.0, "consolidate": 0.3}, seed=0)
     assert sorted(mixed["task"]).count("extract") == 20 and mixed["task"].count("consolidate") == 3
     with pytest.raises(DatasetFormatError, match="no weight"):
@@ -92,17 +104,51 @@ def test_lora_targets_all_seven_projections(tmp_path):
     assert set(get_peft_config(model_args).target_modules) == set(QWEN3_LINEAR)
 
 
-@pytest.mark.parametrize("name,kind", [("single_gpu", "single"), ("multi_gpu", "ddp"), ("deepspeed_zero2", 2),
-                                       ("deepspeed_zero3", 3), ("fsdp2", "fsdp")])
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("single_gpu", "single"),
+        ("multi_gpu", "ddp"),
+        ("deepspeed_zero2", 2),
+        ("deepspeed_zero3", 3),
+        ("fsdp2", "fsdp"),
+    ],
+)
 def test_launch_configs_load_in_accelerate(name, kind, monkeypatch):
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    # Public routes only: accelerate's config loader (a key it does not know raises), then the file's
+    # settings as `accelerate launch` flags through its own parser (an unknown flag is an error), then
+    # the environment `accelerate launch` gives the processes, from which the plugins build themselves.
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     monkeypatch.chdir(REPO_ROOT)
-    args = launch_command_parser().parse_args(["--config_file", f"configs/accelerate/{name}.yaml", "-m", "train"])
-    args, defaults, _ = _validate_launch_command(args)
-    args.deepspeed_fields_from_accelerate_config = list(defaults.deepspeed_config) if args.use_deepspeed else []  # as `accelerate launch` sets it
+    path = f"configs/accelerate/{name}.yaml"
+    config = load_config_from_file(path)
+    mode = {
+        DistributedType.MULTI_GPU: ["--multi_gpu"],
+        DistributedType.DEEPSPEED: ["--use_deepspeed"],
+        DistributedType.FSDP: ["--use_fsdp"],
+    }.get(config.distributed_type, [])
+    flags = [
+        *mode,
+        "--num_processes",
+        str(config.num_processes),
+        "--num_machines",
+        str(config.num_machines),
+        "--mixed_precision",
+        config.mixed_precision or "no",
+        "--dynamo_backend",
+        (config.dynamo_config or {}).get("dynamo_backend", "no"),
+    ]
+    for section in (config.deepspeed_config or {}), (config.fsdp_config or {}):
+        for key, value in section.items():
+            flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    args = launch_command_parser().parse_args(["--config_file", path, *flags, "-m", "train"])
+    args.deepspeed_fields_from_accelerate_config = (
+        list(config.deepspeed_config) if args.use_deepspeed else []
+    )  # as `accelerate launch` sets it
     if kind == "single":
         assert not (args.multi_gpu or args.use_deepspeed or args.use_fsdp) and args.num_processes == 1
     elif kind == "ddp":
@@ -117,17 +163,29 @@ def test_launch_configs_load_in_accelerate(name, kind, monkeypatch):
         with patch.dict(os.environ, prepare_deepspeed_cmd_env(args)[1]):
             plugin = DeepSpeedPlugin()
         assert plugin.zero_stage == kind
-        DeepSpeedZeroConfig(**{k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"})
+        DeepSpeedZeroConfig(
+            **{k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
+        )
         from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
         from trl import SFTConfig
 
         ds = HfTrainerDeepSpeedConfig(str(REPO_ROOT / args.deepspeed_config_file))
-        ds.trainer_config_process(SFTConfig(output_dir="x", per_device_train_batch_size=2, gradient_accumulation_steps=4,
-                                            bf16=False, use_cpu=True))
-        assert ds.config["train_micro_batch_size_per_gpu"] == 2 and ds.config["gradient_accumulation_steps"] == 4
+        ds.trainer_config_process(
+            SFTConfig(
+                output_dir="x",
+                per_device_train_batch_size=2,
+                gradient_accumulation_steps=4,
+                bf16=False,
+                use_cpu=True,
+            )
+        )
+        assert (
+            ds.config["train_micro_batch_size_per_gpu"] == 2 and ds.config["gradient_accumulation_steps"] == 4
+        )
 
 
 # ---- tiny CPU training runs ----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
@@ -136,17 +194,46 @@ def tiny_setup(tmp_path_factory):
     from data_gen.run import run
 
     root = tmp_path_factory.mktemp("train")
-    run(DatagenConfig.model_validate({
-        "source": {"format": "toy", "conversations": 12, "sessions": 2, "stories_per_session": 3}, "out": str(root / "data"),
-        "windows": {"window": 10, "overlap": 2, "max_tokens": None}, "teacher": {"kind": "oracle"},
-        "tasks": {"consolidate": False}}), show_progress=False)
+    run(
+        DatagenConfig.model_validate(
+            {
+                "source": {"format": "toy", "conversations": 12, "sessions": 2, "stories_per_session": 3},
+                "out": str(root / "data"),
+                "windows": {"window": 10, "overlap": 2, "max_tokens": None},
+                "teacher": {"kind": "oracle"},
+                "tasks": {"consolidate": False},
+            }
+        ),
+        show_progress=False,
+    )
     raw = yaml.safe_load((CONFIG_DIR / "train" / "tiny.yaml").read_text())
-    raw.update(dataset_path=str(root / "data"), model_name_or_path=str(root / "tiny-base"), output_dir=str(root / "run"),
-               task_weights={"extract": 1.0, "parse_query": 1.0}, max_steps=24, per_device_train_batch_size=4,
-               learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1, eval_steps=12, save_steps=12,
-               eval_on_start=True, report_to=["none"], warmup_steps=0, lora_modules_to_save=["embed_tokens", "lm_head"])
-    raw["tiny_base"].update(tokenizer=str(shared_data("qwen3-tokenizer")), vocab_size=600, hidden_size=64,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64, intermediate_size=128)
+    raw.update(
+        dataset_path=str(root / "data"),
+        model_name_or_path=str(root / "tiny-base"),
+        output_dir=str(root / "run"),
+        task_weights={"extract": 1.0, "parse_query": 1.0},
+        max_steps=24,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        eval_steps=12,
+        save_steps=12,
+        eval_on_start=True,
+        report_to=["none"],
+        warmup_steps=0,
+        lora_modules_to_save=["embed_tokens", "lm_head"],
+    )
+    raw["tiny_base"].update(
+        tokenizer=str(shared_data("qwen3-tokenizer")),
+        vocab_size=600,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=128,
+    )
     config = root / "tiny.yaml"
     config.write_text(yaml.safe_dump(raw))
     return root, config
@@ -172,7 +259,13 @@ def test_tiny_training_loss_falls_and_writes_the_run(tiny_run):
     assert sorted(evals) == [0, 12, 24]
     assert evals[24] < evals[12] < 0.8 * evals[0]  # validation loss on answer tokens falls
     assert len([h for h in history if "loss" in h]) == 24
-    for name in ("adapter_model.safetensors", "adapter_config.json", "dimmem_train.json", "loss.png", "tokenizer.json"):
+    for name in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "dimmem_train.json",
+        "loss.png",
+        "tokenizer.json",
+    ):
         assert (tiny_run / name).exists(), name
     adapter = json.loads((tiny_run / "adapter_config.json").read_text())
     assert set(adapter["target_modules"]) == set(QWEN3_LINEAR) and adapter["r"] == 16
@@ -184,8 +277,23 @@ def test_resume_continues_from_the_saved_step(tiny_setup, tiny_run):
     from train.__main__ import main
 
     root, config = tiny_setup
-    assert main(["--config", str(config), "--resume", "latest", "--max_steps", "26", "--save_steps", "13",
-                 "--eval_strategy", "no"]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(config),
+                "--resume",
+                "latest",
+                "--max_steps",
+                "26",
+                "--save_steps",
+                "13",
+                "--eval_strategy",
+                "no",
+            ]
+        )
+        == 0
+    )
     history = _state(root / "run" / "checkpoint-26")["log_history"]
     steps = [h["step"] for h in history if "loss" in h]
     assert steps == list(range(1, 27))  # 1-24 restored from checkpoint-24, then 25 and 26
@@ -199,9 +307,32 @@ def test_two_process_cpu_run(tiny_setup, tiny_run):
     root, config = tiny_setup
     out = root / "run-ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "train",
-                           "--config", str(config), "--output_dir", str(out), "--max_steps", "2", "--eval_strategy", "no",
-                           "--save_strategy", "no"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "train",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--eval_strategy",
+            "no",
+            "--save_strategy",
+            "no",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "dimmem_train.json").read_text())["world_size"] == 2
 
@@ -217,20 +348,34 @@ def test_merged_export_matches_base_plus_adapter_and_loads(tiny_setup, tiny_run,
     tok = AutoTokenizer.from_pretrained(out)
     text = render_prompt(tok, MESSAGES[:-1]) + MESSAGES[2]["content"]
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    base = AutoModelForCausalLM.from_pretrained(json.loads((tiny_run / "dimmem_train.json").read_text())["base_model"])
+    base = AutoModelForCausalLM.from_pretrained(
+        json.loads((tiny_run / "dimmem_train.json").read_text())["base_model"]
+    )
     with torch.no_grad():
         reference = PeftModel.from_pretrained(base, tiny_run / "checkpoint-24").eval()(ids).logits
         merged = AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
-        plain = AutoModelForCausalLM.from_pretrained(json.loads((tiny_run / "dimmem_train.json").read_text())["base_model"]).eval()(ids).logits
+        plain = (
+            AutoModelForCausalLM.from_pretrained(
+                json.loads((tiny_run / "dimmem_train.json").read_text())["base_model"]
+            )
+            .eval()(ids)
+            .logits
+        )
     assert torch.allclose(merged, reference, atol=1e-4)
-    assert not torch.allclose(merged, plain, atol=1e-4)  # the adapter changed something, so parity means something
+    assert not torch.allclose(
+        merged, plain, atol=1e-4
+    )  # the adapter changed something, so parity means something
     assert tok.chat_template == AutoTokenizer.from_pretrained(tiny_run).chat_template
-    assert render_prompt(tok, MESSAGES[:-1]) == render_prompt(AutoTokenizer.from_pretrained(tiny_run), MESSAGES[:-1])
+    assert render_prompt(tok, MESSAGES[:-1]) == render_prompt(
+        AutoTokenizer.from_pretrained(tiny_run), MESSAGES[:-1]
+    )
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["do_sample"] is False and gen["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>")
     card = (out / "README.md").read_text()
     assert "library_name: transformers" in card and "base_model: tiny-base" in card
-    assert json.loads((out / "dimmem_export.json").read_text())["chat_template_kwargs"] == {"enable_thinking": False}
+    assert json.loads((out / "dimmem_export.json").read_text())["chat_template_kwargs"] == {
+        "enable_thinking": False
+    }
 
 
 @pytest.mark.slow
@@ -241,8 +386,17 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
 
     out = export(tiny_run, tmp_path / "adapter")
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["README.md", "adapter_config.json", "adapter_model.safetensors", "chat_template.jinja", "dimmem_export.json",
-         "generation_config.json", "tokenizer.json", "tokenizer_config.json"])
+        [
+            "README.md",
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "chat_template.jinja",
+            "dimmem_export.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    )
     assert "library_name: peft" in (out / "README.md").read_text()
     calls = []
 
@@ -252,6 +406,7 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
             if name == "upload_folder":
                 kwargs["files"] = sorted(p.name for p in Path(kwargs["folder_path"]).iterdir())
             return f"https://huggingface.co/{args[0] if args else kwargs.get('repo_id')}"
+
         return method
 
     for name in ("create_repo", "create_branch", "upload_folder"):
@@ -267,6 +422,16 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
 def test_bad_dataset_path_exits_2_with_a_message(tmp_path, capsys):
     from train.__main__ import main
 
-    code = main(["--config", str(CONFIG_DIR / "train" / "tiny.yaml"), "--dataset_path", str(tmp_path / "nope"),
-                 "--model_name_or_path", str(tmp_path / "base"), "--output_dir", str(tmp_path / "run")])
+    code = main(
+        [
+            "--config",
+            str(CONFIG_DIR / "train" / "tiny.yaml"),
+            "--dataset_path",
+            str(tmp_path / "nope"),
+            "--model_name_or_path",
+            str(tmp_path / "base"),
+            "--output_dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 2 and "not a datagen output" in capsys.readouterr().err

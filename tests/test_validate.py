@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dimmem.validate import RULES, TASK_RULES, TurnScope, time_problem, validate
+from dimmem.contract.validate import RULES, TASK_RULES, TurnScope, time_problem, validate
 
 # A window t1..t5: t1-t2 are overlap context, t3-t5 are new.
 SCOPE = TurnScope(speakers={"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob", "t5": "Ann"}, new=frozenset({"t3", "t4", "t5"}))

@@ -4,9 +4,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import make_conversation
-from dimmem.loaders import load_conversations
-from dimmem.prompts import extract_prompt_counter
-from dimmem.windows import check_partition, make_windows
+from dimmem.contract.loaders import load_conversations
+from dimmem.contract.prompts import extract_prompt_counter
+from dimmem.contract.windows import check_partition, make_windows
 
 
 def chars(window):

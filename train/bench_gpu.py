@@ -7,6 +7,7 @@ overrides in `configs/train/qwen3-4b-bench.yaml`. Prints and writes tokens/s (st
 
     python -m train.bench_gpu --tokenizer PATH --work /tmp/bench --json bench.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,15 +16,21 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, TrainerCallback
 
+from dimmem.config import Section, load_config
+from dimmem.contract.prompts import load_prompt
+from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR
-from dimmem.prompts import load_prompt
-from dimmem.tokens import render_prompt
 from train.args import parse_args
 from train.sft import train
+
+
+class BenchConfig(Section):
+    architecture: dict  # Qwen3Config fields
+    peak_tflops: float  # the GPU's dense bf16 peak, what MFU is quoted against
+    train: dict  # training fields (TRL's names) overriding configs/train/qwen3-4b-lora.yaml
 
 
 class StepTimer(TrainerCallback):
@@ -39,27 +46,75 @@ class StepTimer(TrainerCallback):
 def synthetic_rows(tokenizer, seq: int, n: int) -> list[dict]:
     """Extraction rows whose rendered length is just under `seq` tokens: a long window, a JSON answer."""
     system = load_prompt("extract").system.strip()
-    answer = json.dumps({"memories": [{"source_turns": [f"t{i}"], "speaker": "Ann", "content": f"Ann visited the museum on 2023-05-{i:02d}.",
-                                        "type": "episodic", "time": f"2023-05-{i:02d}", "location": "the museum", "reason": None,
-                                        "purpose": None, "keywords": ["Ann", "museum"]} for i in range(1, 9)]}, separators=(",", ":"))
+    answer = json.dumps(
+        {
+            "memories": [
+                {
+                    "source_turns": [f"t{i}"],
+                    "speaker": "Ann",
+                    "content": f"Ann visited the museum on 2023-05-{i:02d}.",
+                    "type": "episodic",
+                    "time": f"2023-05-{i:02d}",
+                    "location": "the museum",
+                    "reason": None,
+                    "purpose": None,
+                    "keywords": ["Ann", "museum"],
+                }
+                for i in range(1, 9)
+            ]
+        },
+        separators=(",", ":"),
+    )
     line = "t{} Ann: I went to the museum with my sister and we talked about painting for hours.\n"
     per_line = len(tokenizer(line.format(10), add_special_tokens=False)["input_ids"])
-    overhead = len(tokenizer(render_prompt(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": ""}])
-                             + answer, add_special_tokens=False)["input_ids"]) + 1
+    overhead = (
+        len(
+            tokenizer(
+                render_prompt(
+                    tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": ""}]
+                )
+                + answer,
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        + 1
+    )
     lines = (seq - overhead - 16) // per_line
     while True:  # line numbers grow in digits, so measure the whole row and shrink until it fits
-        user = "## New turns (extract memories from these)\n" + "".join(line.format(i) for i in range(1, lines + 1))
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}, {"role": "assistant", "content": answer}]
-        length = len(tokenizer(render_prompt(tokenizer, messages[:-1]) + answer, add_special_tokens=False)["input_ids"]) + 1
+        user = "## New turns (extract memories from these)\n" + "".join(
+            line.format(i) for i in range(1, lines + 1)
+        )
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": answer},
+        ]
+        length = (
+            len(
+                tokenizer(render_prompt(tokenizer, messages[:-1]) + answer, add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
+            + 1
+        )
         if length <= seq:
             break
         lines -= (length - seq) // per_line + 1
-    return [{"messages": messages, "conversation_id": f"c{i}", "window_id": f"c{i}/w0", "task": "extract"} for i in range(n)]
+    return [
+        {"messages": messages, "conversation_id": f"c{i}", "window_id": f"c{i}/w0", "task": "extract"}
+        for i in range(n)
+    ]
 
 
 def linear_params(cfg: Qwen3Config) -> int:
     """Parameters in matrix multiplies per token (all projections and the LM head)."""
-    d, h, kv, hd, ff = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    d, h, kv, hd, ff = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )
     per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * ff
     return cfg.num_hidden_layers * per_layer + d * cfg.vocab_size
 
@@ -71,22 +126,24 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/dimmem-bench", help="scratch folder for weights and data")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the steady-state rate")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="overrides: train.max_steps=5 (a train flag) or arch.hidden_size=64 (architecture)")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides: train.max_steps=5 (a training field) or architecture.hidden_size=64",
+    )
     args = parser.parse_args()
 
-    bench = yaml.safe_load(Path(args.bench_config).read_text())
-    for item in args.set:
-        key, value = item.split("=", 1)
-        section, name = key.split(".", 1)
-        if section == "train":
-            bench["train_args"][f"--{name}"] = value
-        else:
-            bench["architecture"][name] = yaml.safe_load(value)
+    bench = load_config(BenchConfig, args.bench_config, args.set)
     work = Path(args.work)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    cfg = Qwen3Config(**bench["architecture"], bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                      pad_token_id=tokenizer.pad_token_id)
+    cfg = Qwen3Config(
+        **bench.architecture,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
     with torch.device(device):
@@ -94,17 +151,26 @@ def main() -> None:
     model.save_pretrained(work / "base")
     tokenizer.save_pretrained(work / "base")
     del model
-    seq = int(bench["train_args"]["--max_length"])
-    steps = int(bench["train_args"]["--max_steps"])
-    batch = int(bench["train_args"]["--per_device_train_batch_size"])
+    seq, steps = int(bench.train["max_length"]), int(bench.train["max_steps"])
+    batch = int(bench.train["per_device_train_batch_size"])
     rows = synthetic_rows(tokenizer, seq, steps * batch + 8)
-    DatasetDict({"train": Dataset.from_list(rows), "validation": Dataset.from_list(rows[:2])}).save_to_disk(str(work / "data"))
+    DatasetDict({"train": Dataset.from_list(rows), "validation": Dataset.from_list(rows[:2])}).save_to_disk(
+        str(work / "data")
+    )
     setup_s = time.perf_counter() - started
 
-    argv = ["--config", str(CONFIG_DIR / "train" / "qwen3-4b-lora.yaml"), "--model_name_or_path", str(work / "base"),
-            "--dataset_path", str(work / "data"), "--output_dir", str(work / "run")]
-    for key, value in bench["train_args"].items():
-        argv += [key, str(value)]
+    argv = [
+        "--config",
+        str(CONFIG_DIR / "train" / "qwen3-4b-lora.yaml"),
+        "--model_name_or_path",
+        str(work / "base"),
+        "--dataset_path",
+        str(work / "data"),
+        "--output_dir",
+        str(work / "run"),
+    ]
+    for key, value in bench.train.items():
+        argv += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     if device == "cpu":
         argv += ["--bf16", "false", "--dtype", "float32", "--activation_checkpointing", "false"]
     timer = StepTimer()
@@ -113,26 +179,44 @@ def main() -> None:
     dimmem_args, sft_args, model_args = parse_args(argv)
     train(dimmem_args, sft_args, model_args, callbacks=[timer])
 
-    tokens_per_row = len(tokenizer(render_prompt(tokenizer, rows[0]["messages"][:-1]) + rows[0]["messages"][-1]["content"],
-                                   add_special_tokens=False)["input_ids"]) + 1
-    steady = timer.ends[args.warmup:]
+    tokens_per_row = (
+        len(
+            tokenizer(
+                render_prompt(tokenizer, rows[0]["messages"][:-1]) + rows[0]["messages"][-1]["content"],
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        + 1
+    )
+    steady = timer.ends[args.warmup :]
     tokens_per_s = (len(steady) - 1) * batch * tokens_per_row / (steady[-1] - steady[0])
     n_linear = linear_params(cfg)
-    attn = 6 * cfg.num_hidden_layers * tokens_per_row * cfg.num_attention_heads * cfg.head_dim / 2  # causal fwd+bwd
+    attn = (
+        6 * cfg.num_hidden_layers * tokens_per_row * cfg.num_attention_heads * cfg.head_dim / 2
+    )  # causal fwd+bwd
     flops_per_token = 4 * n_linear + attn  # frozen base: forward 2N, input gradients 2N (no weight gradients)
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "architecture": "Qwen3-4B (random init)", "seq_tokens": tokens_per_row, "batch": batch, "steps": len(timer.ends),
-        "steady_steps": len(steady) - 1, "tokens_per_s": round(tokens_per_s, 1),
+        "architecture": "Qwen3-4B (random init)",
+        "seq_tokens": tokens_per_row,
+        "batch": batch,
+        "steps": len(timer.ends),
+        "steady_steps": len(steady) - 1,
+        "tokens_per_s": round(tokens_per_s, 1),
         "step_s": round((steady[-1] - steady[0]) / (len(steady) - 1), 3),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
         "model_tflops_per_token": round(flops_per_token / 1e12, 6),
-        "mfu": round(tokens_per_s * flops_per_token / (bench["peak_tflops"] * 1e12), 4),
+        "mfu": round(tokens_per_s * flops_per_token / (bench.peak_tflops * 1e12), 4),
         # hardware utilization also counts the forward pass activation checkpointing repeats
-        "hfu": round(tokens_per_s * (flops_per_token + (2 * n_linear + attn / 3) * sft_args.activation_checkpointing)
-                     / (bench["peak_tflops"] * 1e12), 4),
+        "hfu": round(
+            tokens_per_s
+            * (flops_per_token + (2 * n_linear + attn / 3) * sft_args.activation_checkpointing)
+            / (bench.peak_tflops * 1e12),
+            4,
+        ),
         "activation_checkpointing": sft_args.activation_checkpointing,
-        "setup_s": round(setup_s, 1), "train_args": bench["train_args"],
+        "setup_s": round(setup_s, 1),
+        "train_args": bench.train,
         "torch": torch.__version__,
     }
     print(json.dumps(result, indent=2))

@@ -1,5 +1,6 @@
 """From a datagen dataset to training rows: task mixing, tokenization with the serving chat template,
 loss on the answer only, and the checks that fail early with a clear message."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, concatenate_datasets, load_from_disk
 
-from dimmem.tokens import render_prompt
+from dimmem.contract.tokens import render_prompt
+from dimmem.paths import dataset_folder
 
 REQUIRED_ROLES = ["system", "user", "assistant"]
 
@@ -16,21 +18,17 @@ class DatasetFormatError(ValueError):
     pass
 
 
-def dataset_folder(path: str | Path) -> Path:
-    """The saved DatasetDict of a datagen output folder (or the folder itself)."""
-    path = Path(path)
-    folder = path / "dataset" if (path / "dataset" / "dataset_dict.json").exists() else path
-    if not (folder / "dataset_dict.json").exists():
-        raise DatasetFormatError(f"{path}: not a datagen output (no dataset_dict.json here or in dataset/)")
-    return folder
-
-
 def load_sft_dataset(path: str | Path) -> DatasetDict:
-    folder = dataset_folder(path)
+    try:
+        folder = dataset_folder(path)
+    except FileNotFoundError as exc:
+        raise DatasetFormatError(str(exc)) from None
     dataset = load_from_disk(str(folder))
     for name, split in dataset.items():
         if len(split) and "messages" not in split.column_names:
-            raise DatasetFormatError(f"{folder}[{name}]: no 'messages' column (columns: {split.column_names})")
+            raise DatasetFormatError(
+                f"{folder}[{name}]: no 'messages' column (columns: {split.column_names})"
+            )
     return dataset
 
 
@@ -62,16 +60,23 @@ def tokenize_row(messages: list[dict], tokenizer) -> dict:
     if not answer.strip():
         raise DatasetFormatError("a row has an empty assistant answer: nothing to learn from")
     prompt_ids = tokenizer(render_prompt(tokenizer, messages[:-1]), add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [
+        tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ]
     return {"input_ids": prompt_ids + answer_ids, "labels": [-100] * len(prompt_ids) + answer_ids}
 
 
-def prepare_split(split: Dataset, tokenizer, max_length: int | None, drop_overlong: bool, name: str) -> Dataset:
+def prepare_split(
+    split: Dataset, tokenizer, max_length: int | None, drop_overlong: bool, name: str
+) -> Dataset:
     if not len(split):
         return split
     try:
-        tokenized = split.map(lambda row: tokenize_row(row["messages"], tokenizer), remove_columns=split.column_names,
-                              desc=f"tokenizing {name}")
+        tokenized = split.map(
+            lambda row: tokenize_row(row["messages"], tokenizer),
+            remove_columns=split.column_names,
+            desc=f"tokenizing {name}",
+        )
     except DatasetFormatError as exc:
         raise DatasetFormatError(f"{name}: {exc}") from None
     if max_length is not None:
@@ -81,7 +86,8 @@ def prepare_split(split: Dataset, tokenizer, max_length: int | None, drop_overlo
             ids = [split[i].get("window_id", i) for i in over[:5]]
             raise DatasetFormatError(
                 f"{name}: {len(over)} row(s) longer than max_length={max_length} (e.g. {ids}); raise max_length, "
-                "re-window with a smaller token budget, or set drop_overlong: true")
+                "re-window with a smaller token budget, or set drop_overlong: true"
+            )
         if over:
             print(f"{name}: dropping {len(over)} row(s) longer than max_length={max_length}")
             tokenized = tokenized.select(sorted(set(range(len(tokenized))) - set(over)))
@@ -100,7 +106,10 @@ def packing_efficiency(tokenized: Dataset, max_length: int) -> float:
 def padding_efficiency(tokenized: Dataset, batch_size: int) -> float:
     """Real tokens / total tokens without packing: each batch padded to its longest row."""
     lengths = [len(ids) for ids in tokenized["input_ids"]]
-    padded = sum(max(lengths[i:i + batch_size]) * len(lengths[i:i + batch_size]) for i in range(0, len(lengths), batch_size))
+    padded = sum(
+        max(lengths[i : i + batch_size]) * len(lengths[i : i + batch_size])
+        for i in range(0, len(lengths), batch_size)
+    )
     return sum(lengths) / padded
 
 

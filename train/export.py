@@ -7,6 +7,7 @@ pushed to the Hugging Face Hub.
 
 Merging runs here, in its own single process, never inside a distributed training job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,12 +17,10 @@ import shutil
 import sys
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
+from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS
 from dimmem.paths import EXPORT_CONFIG
-from dimmem.tokens import CHAT_TEMPLATE_KWARGS
-from train.sft import RUN_CONFIG
+
+RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -34,8 +33,16 @@ def adapter_dir(run: Path, checkpoint: int | None) -> Path:
     return folder
 
 
-def export(run: str | Path, out: str | Path, checkpoint: int | None = None, merge: bool = False,
-           max_new_tokens: int = 4096) -> Path:
+def export(
+    run: str | Path,
+    out: str | Path,
+    checkpoint: int | None = None,
+    merge: bool = False,
+    max_new_tokens: int = 4096,
+) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise RuntimeError("export merges in a single process: run it outside torchrun/accelerate launch")
     run, out = Path(run), Path(out)
@@ -57,12 +64,17 @@ def export(run: str | Path, out: str | Path, checkpoint: int | None = None, merg
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # Greedy decoding, as the extractor is served and evaluated; thinking is off through the chat template
     # arguments recorded in dimmem_export.json (a generation config cannot carry them).
-    GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                     pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
+    ).save_pretrained(out)
     export_config = {
-        "base_model": run_config["base_model"], "merged": merge, "checkpoint": checkpoint,
-        "max_model_len": run_config["sft"].get("max_length"), "lora_r": run_config["model"].get("lora_r"),
-        "chat_template_kwargs": CHAT_TEMPLATE_KWARGS, "run": str(run.resolve()),
+        "base_model": run_config["base_model"],
+        "merged": merge,
+        "checkpoint": checkpoint,
+        "max_model_len": run_config["sft"].get("max_length"),
+        "lora_r": run_config["model"].get("lora_r"),
+        "chat_template_kwargs": CHAT_TEMPLATE_KWARGS,
+        "run": str(run.resolve()),
     }
     (out / EXPORT_CONFIG).write_text(json.dumps(export_config, indent=2) + "\n")
     (out / "README.md").write_text(model_card(run_config, export_config, run))
@@ -73,20 +85,29 @@ def model_card(run_config: dict, export_config: dict, run: Path) -> str:
     base = run_config["base_model"]
     base_id = base if not Path(base).exists() else Path(base).name
     merged = export_config["merged"]
-    metrics_path = next((p for p in (run / "eval" / "metrics.json", run / "metrics.json") if p.exists()), None)
+    metrics_path = next(
+        (p for p in (run / "eval" / "metrics.json", run / "metrics.json") if p.exists()), None
+    )
     metrics = json.loads(metrics_path.read_text()) if metrics_path else {}
     dataset = run_config["dimmem"]["dataset_path"]
-    lines = ["---", f"base_model: {base_id}", f"library_name: {'transformers' if merged else 'peft'}",
-             "license: apache-2.0", "pipeline_tag: text-generation",
-             "tags: [dimmem, memory-extraction, lora, sft, trl]"]
+    lines = [
+        "---",
+        f"base_model: {base_id}",
+        f"library_name: {'transformers' if merged else 'peft'}",
+        "license: apache-2.0",
+        "pipeline_tag: text-generation",
+        "tags: [dimmem, memory-extraction, lora, sft, trl]",
+    ]
     if "/" in dataset and not Path(dataset).exists():
         lines.append(f"datasets: [{dataset}]")
     lines.append("---")
     table = "\n".join(f"| {k} | {v} |" for k, v in {**run_config["sft"], **run_config["model"]}.items())
     metric_rows = "\n".join(f"| {k} | {v} |" for k, v in metrics.items() if isinstance(v, (int, float)))
-    return "\n".join(lines) + f"""
+    return (
+        "\n".join(lines)
+        + f"""
 
-# DimMem memory extractor ({'merged' if merged else 'LoRA adapter'} on {base_id})
+# DimMem memory extractor ({"merged" if merged else "LoRA adapter"} on {base_id})
 
 A compact extractor that turns a window of dialogue into DimMem memory records: atomic, typed
 (`fact` / `episodic` / `profile`) with explicit time, location, reason, purpose and keywords, and the
@@ -100,7 +121,7 @@ general chat model.
 
 ## Serving
 ```bash
-vllm serve {'THIS_FOLDER' if merged else base_id} {'' if merged else '--enable-lora --lora-modules dimmem=THIS_FOLDER '}--max-model-len {export_config['max_model_len']} \\
+vllm serve {"THIS_FOLDER" if merged else base_id} {"" if merged else "--enable-lora --lora-modules dimmem=THIS_FOLDER "}--max-model-len {export_config["max_model_len"]} \\
   --default-chat-template-kwargs '{json.dumps(CHAT_TEMPLATE_KWARGS)}'
 ```
 
@@ -108,12 +129,13 @@ vllm serve {'THIS_FOLDER' if merged else base_id} {'' if merged else '--enable-l
 | setting | value |
 |---|---|
 {table}
-| final step | {run_config.get('final_step')} |
-| processes | {run_config.get('world_size')} |
+| final step | {run_config.get("final_step")} |
+| processes | {run_config.get("world_size")} |
 
 ## Evaluation
-{('| metric | value |' + chr(10) + '|---|---|' + chr(10) + metric_rows) if metric_rows else 'No evaluation report was found next to the run.'}
+{("| metric | value |" + chr(10) + "|---|---|" + chr(10) + metric_rows) if metric_rows else "No evaluation report was found next to the run."}
 """
+    )
 
 
 def push(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None) -> str:
@@ -123,8 +145,13 @@ def push(folder: str | Path, repo_id: str, private: bool = False, revision: str 
     url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     if revision:
         api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), revision=revision, repo_type="model",
-                      commit_message="Upload DimMem extractor export")
+    api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        revision=revision,
+        repo_type="model",
+        commit_message="Upload DimMem extractor export",
+    )
     return str(url)
 
 
@@ -138,7 +165,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", help="branch to push to (created when missing)")
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     folder = export(args.run, args.out, args.checkpoint, args.merge)
     print(f"exported {'merged model' if args.merge else 'adapter'} to {folder}")
     if args.push_to_hub:
@@ -149,7 +176,9 @@ def run_cli(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    from dimmem.errors import run_command
+
+    return run_command("export", run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The loss curve of a run, as a PNG next to its checkpoints."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,0 +1,37 @@
+"""The target tokenizer and chat template, rendered exactly as training and serving do.
+
+Qwen3 is a hybrid thinking model: every stage renders with thinking disabled (`CHAT_TEMPLATE_KWARGS`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # transformers loads only when a tokenizer is needed
+    from transformers import PreTrainedTokenizerBase
+
+CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
+
+
+@cache
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as exc:
+        raise OSError(
+            f"could not load tokenizer {name_or_path!r} ({exc}); offline, pass a local folder with --tokenizer"
+        ) from exc
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> str:
+    """The text the model reads before its answer (generation prompt included, thinking off)."""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **CHAT_TEMPLATE_KWARGS
+    )
+
+
+def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> int:
+    return len(tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"])

@@ -1,0 +1,120 @@
+"""The runtime's configuration: every default of a `Memory` lives here, nowhere else. A YAML file
+(`configs/memory/*.yaml`), a dict or nothing at all builds one (`Memory(config)`,
+`Memory.from_config(path, overrides)`).
+
+One `model` section (`dimmem.llm.ModelConfig`) names the endpoint that serves the DimMem tasks (the
+compact extractor answers all three); `extractor`, `query_parser` and `consolidator` each choose it or
+their fallback. The API key is read from the environment variable `api_key_env` names, never from
+the file.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dimmem.config import Section, WindowConfig
+from dimmem.llm import ModelConfig
+
+SQLITE_URL = "sqlite:///"
+
+
+class RetrievalConfig(Section):
+    depth: int = Field(50, ge=1, description="candidates each path contributes to fusion")
+    weights: dict[str, float] | None = Field(None, description="weighted RRF per path; null: plain RRF")
+    ann_min_records: int = Field(200_000, ge=1,
+                                 description="a user's dense search switches from exact to HNSW here")
+
+
+class UpdateConfig(Section):
+    similarity_threshold: float = Field(0.6,
+                                        description="consolidate with the closest candidate from this cosine on")
+    max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
+
+
+class MemoryConfig(Section):
+    store: str = Field("memories.sqlite", description="SQLite file, `sqlite:///path`, or `:memory:`")
+    embedder: str | None = Field(None,
+                                 description="sentence-transformers name or folder; null: all-MiniLM-L6-v2")
+    model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
+    extractor: Literal["model", "replay", "turns"] = "turns"
+    labels: str | None = Field(None, description="a data_gen labels.jsonl for the replay extractor")
+    query_parser: Literal["model", "rules"] = "rules"
+    consolidator: Literal["model", "rules"] = "rules"
+    windows: WindowConfig = WindowConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
+    update: UpdateConfig = UpdateConfig()
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        if "://" in value and not value.startswith(SQLITE_URL):
+            raise ValueError(f"{value.split('://')[0]!r} stores are not supported yet: "
+                             f"use a SQLite file path, {SQLITE_URL}PATH or :memory:")
+        if value in ("", SQLITE_URL):
+            raise ValueError("empty store path")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MemoryConfig:
+        components = ("extractor", "query_parser", "consolidator")
+        users = [name for name in components if getattr(self, name) == "model"]
+        if users and self.model is None:
+            raise ValueError(f"{'/'.join(users)} 'model' needs a `model:` section (base_url, model)")
+        if self.extractor == "replay" and not self.labels:
+            raise ValueError("extractor 'replay' needs `labels:` (a data_gen labels.jsonl)")
+        return self
+
+    def store_path(self) -> str:
+        """The SQLite file (or ":memory:") the store names."""
+        return self.store[len(SQLITE_URL):] if self.store.startswith(SQLITE_URL) else self.store
+
+    # --- the components (heavy imports stay inside: the CLI imports this module's users lazily) -----
+    def client(self):
+        """The model client of the 'model' components (one, shared), or None without a `model` section."""
+        if self.model is None:
+            return None
+        from dimmem.llm import ModelClient
+
+        return ModelClient(self.model)
+
+    def build_embedder(self):
+        from dimmem.runtime.embed import Embedder
+
+        return Embedder(self.embedder)
+
+    def build_extractor(self, client=None):
+        from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor, TurnExtractor
+
+        if self.extractor == "model":
+            return EndpointExtractor(client or self.client(), self.model.concurrency)
+        if self.extractor == "replay":
+            return ReplayExtractor(self.labels)
+        return TurnExtractor()
+
+    def build_query_parser(self, client=None):
+        if self.query_parser == "model":
+            from dimmem.runtime.query import ModelQueryParser
+
+            return ModelQueryParser(client or self.client())
+        from dimmem.runtime.query import parse_query_rules
+
+        return parse_query_rules
+
+    def build_consolidator(self, client=None):
+        if self.consolidator == "model":
+            from dimmem.runtime.consolidate import ModelConsolidator
+
+            return ModelConsolidator(client or self.client())
+        from dimmem.runtime.consolidate import consolidate_rules
+
+        return consolidate_rules
+
+    def build_token_counter(self):
+        """Counts a window's rendered extract prompt, when `windows.max_tokens` sets a budget."""
+        if self.windows.max_tokens is None:
+            return None
+        from dimmem.contract.prompts import extract_prompt_counter
+        from dimmem.contract.tokens import load_tokenizer
+
+        return extract_prompt_counter(load_tokenizer(self.windows.tokenizer))

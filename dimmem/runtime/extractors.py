@@ -1,0 +1,78 @@
+"""Extractors: windows in, one extract answer per window out (window-local turn ids, as a model gives
+them). The runtime validates each answer and resolves its pointers; an extractor only answers.
+
+- `EndpointExtractor`: a model behind an OpenAI-compatible endpoint (the served compact extractor),
+  the windows of a conversation sent concurrently.
+- `ReplayExtractor`: the answers stored in a data_gen `labels.jsonl`, looked up by window id (tests,
+  the toy world, re-ingesting what a teacher already labelled).
+- `TurnExtractor`: the fallback without a model: each new turn of a participant or user is one
+  episodic record dated by its session (the raw-turns baseline of the retrieval benchmark).
+
+A window without an answer maps to the reason (a string) instead, so one bad window costs only itself.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+from dimmem.contract.conversation import Turn
+from dimmem.llm import ModelClient, ModelError
+from dimmem.contract.prompts import extract_messages
+from dimmem.runtime.query import content_words
+from dimmem.contract.windows import Window
+
+
+class Extractor(Protocol):
+    def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
+        """{window id: extract answer, or why there is none}."""
+
+
+class EndpointExtractor:
+    def __init__(self, client: ModelClient, concurrency: int = 8):
+        self.client, self.concurrency = client, concurrency
+
+    def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
+        def one(window: Window) -> dict | str:
+            try:
+                return self.client.json("extract", extract_messages(window), scope=window.scope)
+            except ModelError as exc:
+                return f"{window.id}: {exc}"
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(windows)))) as pool:
+            return dict(zip((w.id for w in windows), pool.map(one, windows)))
+
+
+class ReplayExtractor:
+    def __init__(self, labels_path: str | Path):
+        self.path = Path(labels_path)
+        self.answers: dict[str, dict] = {}
+        with open(self.path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{self.path}: line {number}: invalid JSON ({exc.msg})") from None
+                if row.get("task") == "extract":
+                    self.answers[row["window_id"]] = row["value"]
+
+    def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
+        return {w.id: self.answers.get(w.id, f"{w.id}: no stored answer in {self.path}") for w in windows}
+
+
+def turn_memory(turn: Turn, turn_id: str) -> dict:
+    """One turn as an episodic memory citing it (`turn_id`: local or global, as the caller needs)."""
+    return {"source_turns": [turn_id], "speaker": turn.speaker, "content": f"{turn.speaker}: {turn.text}",
+            "type": "episodic", "time": turn.session_time[:10] if turn.session_time else None, "location": None,
+            "reason": None, "purpose": None, "keywords": (content_words(turn.text) or [turn.speaker])[:12]}
+
+
+class TurnExtractor:
+    def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
+        answers = {}
+        for w in windows:
+            new_ids = w.local_ids[len(w.context):]
+            answers[w.id] = {"memories": [turn_memory(t, lid) for t, lid in zip(w.new, new_ids)
+                                          if t.role != "assistant" and t.text.strip()]}
+        return answers

@@ -1,0 +1,100 @@
+"""Query parsing: by a model (`ModelQueryParser`) or by rules, the fallback when no model is configured:
+time expressions resolved against a reference date, memory types and assistant recall from cue words,
+keywords from content words."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from datetime import date, datetime, timedelta
+
+from dimmem.llm import ModelClient, ModelError
+from dimmem.contract.prompts import parse_query_messages
+from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.validate import validate
+
+MONTHS = {m: i for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
+                                       "september", "october", "november", "december"], start=1)}
+STOPWORDS = set("""a an the and or of to in on at for with by from about into over after before during is are was were be
+been being do does did done have has had i you he she it we they me him her us them my your his its our their what when
+where which who whom why how that this these those there here any some much many did not no yes can could would should
+will shall may might must tell remember know said say says just also than then so as if up out happened last week
+month year ago""".split())
+ASSISTANT_CUES = ("you said", "you told", "you recommended", "you suggested", "you mentioned", "did you", "your answer",
+                  "you gave", "you recommend", "you suggest", "remind me what you")
+PROFILE_CUES = ("like", "likes", "love", "loves", "prefer", "prefers", "favorite", "favourite", "enjoy", "enjoys", "hate",
+                "allergic", "personality", "hobby", "hobbies")
+EPISODIC_CUES = ("when", "did", "went", "happened", "visit", "visited", "last", "yesterday", "ago", "trip", "event")
+
+
+def _month_span(year: int, month: int) -> str:
+    return f"{year:04d}-{month:02d}"
+
+
+def parse_time(question: str, reference: date) -> str | None:
+    """The time a question is about, as the record time format, or None."""
+    text = question.lower()
+    if m := re.search(r"\b(\d{4}-\d{2}(?:-\d{2})?)\b", text):
+        return m.group(1)
+    if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})\b", text):
+        return f"{int(m.group(3)):04d}-{MONTHS[m.group(1)]:02d}-{int(m.group(2)):02d}"
+    if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{4})\b", text):
+        return _month_span(int(m.group(2)), MONTHS[m.group(1)])
+    if "yesterday" in text:
+        return (reference - timedelta(days=1)).isoformat()
+    if "last week" in text:
+        monday = reference - timedelta(days=reference.weekday() + 7)
+        return f"{monday.isoformat()}/{(monday + timedelta(days=6)).isoformat()}"
+    if "last month" in text:
+        last = reference.replace(day=1) - timedelta(days=1)
+        return _month_span(last.year, last.month)
+    if "last year" in text:
+        return f"{reference.year - 1:04d}"
+    if m := re.search(r"\bin\s+(\d{4})\b", text):
+        return m.group(1)
+    return None
+
+
+def content_words(text: str) -> list[str]:
+    """Distinct words that can anchor a memory: no stopwords, month names or possessive 's."""
+    words = re.findall(r"[A-Za-z][A-Za-z'\-]+", text)
+    out: dict[str, str] = {}
+    for word in words:
+        word = word[:-2] if word.endswith("'s") else word
+        if word.lower() not in STOPWORDS and word.lower() not in MONTHS and len(word) > 2:
+            out.setdefault(word.casefold(), word)
+    return list(out.values())
+
+
+def lexical_terms(query: str) -> str:
+    """What the BM25 path searches: the query's content words. "what", "did", "the" match most records
+    and would make FTS5 score nearly the whole store for every query."""
+    return " ".join(content_words(query)) or query
+
+
+def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
+    """A `parse_query` answer (records.QueryParse) built by rules."""
+    reference = datetime.fromisoformat(reference_date).date() if reference_date else date.today()
+    lowered = question.lower()
+    types = [t for t, cues in (("profile", PROFILE_CUES), ("episodic", EPISODIC_CUES)) if any(re.search(rf"\b{c}\b", lowered) for c in cues)]
+    keywords = content_words(question)
+    return {"target_types": types or list(MEMORY_TYPES), "time": parse_time(question, reference), "location": None,
+            "keywords": keywords or [question.strip()[:40] or "memory"],
+            "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES)}
+
+
+class ModelQueryParser:
+    """Parses with the model; an unavailable endpoint or an invalid answer falls back to the rules."""
+
+    def __init__(self, client: ModelClient, speakers: list[str] | None = None):
+        self.client, self.speakers, self.stats = client, speakers, Counter()
+
+    def __call__(self, question: str, reference_date: str | None = None) -> dict:
+        try:
+            value = self.client.json("parse_query", parse_query_messages(question, reference_date, self.speakers))
+            if validate("parse_query", value).ok:
+                self.stats["model"] += 1
+                return value
+            self.stats["invalid"] += 1
+        except ModelError:
+            self.stats["unavailable"] += 1
+        return parse_query_rules(question, reference_date)

@@ -1,0 +1,21 @@
+"""Operating the service: liveness (no key) and Prometheus metrics (any tenant's key)."""
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from serve.deps import Service, Tenant
+from serve.schemas import Health
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz", response_model=Health, summary="liveness (no key needed)")
+def health() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/metrics", response_model=str, response_class=PlainTextResponse, summary="Prometheus metrics")
+def metrics(state: Service, _: Tenant) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,165 @@
+"""What the memory service accepts and answers: request bodies (strict: unknown fields are 422) and
+response models (every route declares one, so the OpenAPI document shows the real shapes)."""
+from __future__ import annotations
+
+from datetime import date
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dimmem.contract.records import MEMORY_TYPES
+
+NAME_PATTERN = r"^[A-Za-z0-9_.@:\-]+$"
+UserId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+MemoryType = Literal[MEMORY_TYPES]  # type: ignore[valid-type]
+Status = Literal["active", "superseded", "merged", "deleted"]
+Action = Literal["ADD", "KEEP_BOTH", "MERGE", "SUPERSEDE", "UNCHANGED"]
+
+
+# --- requests -------------------------------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Message(_Body):
+    role: Literal["user", "assistant", "system", "developer", "tool"]
+    content: str = Field(max_length=100_000)
+    name: str | None = Field(default=None, max_length=200)
+    timestamp: str | None = Field(default=None, max_length=40,
+                                  description="ISO 8601; starts a session's date")
+    session_id: str | None = Field(default=None, max_length=200)
+
+
+class AddRequest(_Body):
+    user_id: UserId
+    messages: list[Message] = Field(min_length=1)
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=NAME_PATTERN)
+
+
+class ExtractRequest(_Body):
+    messages: list[Message] = Field(min_length=1)
+
+
+class SearchRequest(_Body):
+    user_id: UserId
+    query: str = Field(min_length=1, max_length=2_000)
+    k: int = Field(default=10, ge=1)
+    reference_date: date | None = None
+
+
+class UpdateRequest(_Body):
+    user_id: UserId
+    content: str | None = Field(default=None, min_length=1, max_length=10_000)
+    type: MemoryType | None = None
+    time: str | None = Field(default=None, max_length=40)
+    location: str | None = Field(default=None, max_length=500)
+    reason: str | None = Field(default=None, max_length=2_000)
+    purpose: str | None = Field(default=None, max_length=2_000)
+    keywords: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=50)
+
+
+# --- responses ------------------------------------------------------------------------------------
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ExtractedMemory(_Answer):
+    """A record as extraction makes it: the DimMem fields, pointers resolved to conversation turn ids."""
+
+    id: str = Field(description="<conversation id>/<window id>#m<n>, stable across re-runs")
+    conversation_id: str | None
+    window_id: str | None
+    session_time: str | None = Field(description="when the session of its turns took place")
+    type: MemoryType
+    speaker: str
+    content: str
+    time: str | None = Field(description="ISO 8601 date, partial date or interval; null if none")
+    location: str | None
+    reason: str | None
+    purpose: str | None
+    keywords: list[str]
+    source_turns: list[str] = Field(description="the conversation turn ids it comes from")
+
+
+class StoredMemory(ExtractedMemory):
+    """A stored record: the extracted fields and its state in the store."""
+
+    user_id: str
+    status: Status
+    version: int = Field(description="1 when added; each update, merge or status change adds one")
+    created: float = Field(description="Unix time it was stored")
+    updated: float = Field(description="Unix time of its latest version")
+    t_start: str | None = Field(description="first day of `time` (derived, for interval queries)")
+    t_end: str | None = Field(description="last day of `time` (derived)")
+
+
+class PathScore(_Answer):
+    rank: int = Field(description="1-based rank on this retrieval path")
+    score: float = Field(description="the path's own score (BM25, cosine or dimension match)")
+
+
+class Hit(_Answer):
+    score: float = Field(description="the fused (reciprocal rank fusion) score")
+    paths: dict[str, PathScore] = Field(description="bm25 / dense / dimension: where this path ranked it")
+    record: StoredMemory
+
+
+class ParsedQuery(_Answer):
+    target_types: list[MemoryType]
+    time: str | None
+    location: str | None
+    keywords: list[str]
+    need_assistant_context: bool
+
+
+class AssistantTurn(_Answer):
+    turn_id: str
+    speaker: str
+    role: str
+    text: str
+    session_time: str | None
+
+
+class SearchResponse(_Answer):
+    query: ParsedQuery
+    hits: list[Hit]
+    assistant_context: list[AssistantTurn] = Field(description="the assistant's replies to the hits' turns, "
+                                                               "when the question asks what it said")
+
+
+class Event(_Answer):
+    id: str
+    action: Action
+    target: str | None = Field(description="the stored record it merged into or superseded")
+
+
+class AddResponse(_Answer):
+    conversation_id: str
+    windows: int
+    events: list[Event]
+    rejected: list[str] = Field(description="memories the validator refused, with the reasons")
+    failed: dict[str, str] = Field(description="window id -> why the extractor gave no answer")
+
+
+class ExtractResponse(_Answer):
+    conversation_id: str
+    windows: int
+    memories: list[ExtractedMemory]
+    rejected: list[str]
+    failed: dict[str, str]
+
+
+class HistoryEntry(_Answer):
+    version: int
+    action: str = Field(description="ADD, UPDATE, DELETE, MERGE <id>, MERGED_INTO <id>, SUPERSEDED_BY <id>")
+    at: float = Field(description="Unix time")
+    record: StoredMemory = Field(description="the record as this version left it")
+
+
+class MemoryPage(_Answer):
+    memories: list[StoredMemory]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: no more")
+
+
+class Health(_Answer):
+    status: Literal["ok"]
