@@ -148,6 +148,16 @@ def dataset_card(
     )
     task_counts = Counter(t for ds in dataset.values() for t in ds["task"])
     reason_rows = "\n".join(f"| {reason} | {n} |" for reason, n in reasons.most_common()) or "| (none) | 0 |"
+    source_name = f" (`{Path(source_input).name}`)" if source_input else ""
+    labeling_header = (
+        "| jobs | labeled | repaired | quarantined | requests sent | cache hits | input tokens "
+        "| output tokens | cost (USD) |"
+    )
+    labeling_row = (
+        f"| {report['windows'] + report['other_jobs']} | {report['labeled']} | {report['repaired']} "
+        f"| {report['quarantined']} | {report['requests_sent']} | {report['cache_hits']} "
+        f"| {report['input_tokens']} | {report['output_tokens']} | {report['cost_usd']:.4f} |"
+    )
     return f"""---
 tags: [dimmem, memory-extraction, sft, distillation]
 task_categories: [text-generation]
@@ -158,7 +168,7 @@ Teacher-labeled DimMem records for supervised fine-tuning of a compact memory ex
 conversational `messages` (system, user, assistant); the assistant turn is the canonical compact JSON
 of a validated label. Splits are by conversation: no conversation appears in two splits.
 
-- **Source**: `{source_format}`{f" (`{Path(source_input).name}`)" if source_input else ""}; license: {license_text}
+- **Source**: `{source_format}`{source_name}; license: {license_text}
 - **Teacher**: `{teacher_model}`
 - **Prompts**: {", ".join(f"`{p}`" for p in prompt_versions)}
 - **Tasks**: {", ".join(f"{t}: {n}" for t, n in sorted(task_counts.items()))}
@@ -169,9 +179,9 @@ of a validated label. Splits are by conversation: no conversation appears in two
 
 ## Labeling
 
-| jobs | labeled | repaired | quarantined | requests sent | cache hits | input tokens | output tokens | cost (USD) |
+{labeling_header}
 |---|---|---|---|---|---|---|---|---|
-| {report["windows"] + report["other_jobs"]} | {report["labeled"]} | {report["repaired"]} | {report["quarantined"]} | {report["requests_sent"]} | {report["cache_hits"]} | {report["input_tokens"]} | {report["output_tokens"]} | {report["cost_usd"]:.4f} |
+{labeling_row}
 
 Quarantined jobs (not in the dataset; see `quarantine.jsonl`):
 

@@ -1,10 +1,11 @@
 """A local OpenAI-compatible teacher for tests, benchmarks and dry runs: no model, scripted behaviour.
 
 It answers chat completions with a schema-valid answer built from the prompt (extract: one memory from
-the first new turn; free text without response_format: see `text_answer`), after a fixed latency, and can be scripted to misbehave for requests whose user
-message contains a marker: `{"toy-0003": ["429", "500", "ok"]}` makes the 1st such request a 429, the
-2nd a 500 and every later one succeed. Behaviours: ok, 429, 500, timeout, nonjson, schema, overlap,
-truncated. It also implements the Batch API endpoints (files, batches) over the same logic.
+the first new turn; free text without response_format: see `text_answer`), after a fixed latency, and
+can be scripted to misbehave for requests whose user message contains a marker:
+`{"toy-0003": ["429", "500", "ok"]}` makes the 1st such request a 429, the 2nd a 500 and every later
+one succeed. Behaviours: ok, 429, 500, timeout, nonjson, schema, overlap, truncated. It also implements
+the Batch API endpoints (files, batches) over the same logic.
 
     python -m data_gen.fake_teacher --port 8011 --latency 0.05 [--script faults.json]
 """
@@ -247,7 +248,9 @@ class FakeTeacherProcess(Service):
             str(latency),
         ]
         command += ["--script", str(script_path)] if script_path else []
-        log = log or tempfile.NamedTemporaryFile(prefix="fake-teacher-", suffix=".log", delete=False).name
+        if not log:
+            with tempfile.NamedTemporaryFile(prefix="fake-teacher-", suffix=".log", delete=False) as handle:
+                log = handle.name
         super().__init__(
             command,
             f"http://127.0.0.1:{self.port}/stats",
@@ -281,7 +284,10 @@ def main() -> None:
     )
     parser.add_argument("--script", help="JSON file mapping a prompt marker to a list of behaviours")
     args = parser.parse_args()
-    script = json.load(open(args.script)) if args.script else None
+    script = None
+    if args.script:
+        with open(args.script) as handle:
+            script = json.load(handle)
     uvicorn.run(
         create_app(FakeTeacher(script, args.latency)), host=args.host, port=args.port, log_level="warning"
     )

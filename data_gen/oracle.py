@@ -1,4 +1,5 @@
-"""The oracle teacher: labels toy-world jobs from their ground truth, through the same interface as a model."""
+"""The oracle teacher: labels toy-world jobs from their ground truth, through the same interface as a
+model."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
-    job_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, quarantine_reason TEXT);
+    job_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+    quarantine_reason TEXT);
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY, input_file TEXT NOT NULL, status TEXT NOT NULL, created REAL NOT NULL);
 """
@@ -48,6 +49,7 @@ class JobStore:
 
     def set_batch(self, batch_id: str, input_file: str, status: str) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO batches VALUES (?,?,?,COALESCE((SELECT created FROM batches WHERE batch_id=?),?))",
+            "INSERT OR REPLACE INTO batches VALUES "
+            "(?,?,?,COALESCE((SELECT created FROM batches WHERE batch_id=?),?))",
             (batch_id, input_file, status, batch_id, time.time()),
         )

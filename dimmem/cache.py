@@ -56,7 +56,8 @@ class ResponseCache:
     def get(self, key: str) -> Completion | None:
         with self.lock:
             row = self.db.execute(
-                "SELECT text, finish_reason, input_tokens, output_tokens, seconds FROM completions WHERE key=?",
+                "SELECT text, finish_reason, input_tokens, output_tokens, seconds "
+                "FROM completions WHERE key=?",
                 (key,),
             ).fetchone()
         return Completion(*row, cached=True) if row else None

@@ -83,7 +83,8 @@ class ModelConfig(Section):
         None, gt=0
     )  # tokens per minute (prompt estimate + max_tokens, as providers count)
     concurrency: int = Field(8, ge=1)  # requests in flight
-    extra_body: dict = {}  # passed through, e.g. {"chat_template_kwargs": {"enable_thinking": false}} for vLLM
+    # passed through, e.g. {"chat_template_kwargs": {"enable_thinking": false}} for vLLM
+    extra_body: dict = {}
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -350,7 +351,7 @@ class ModelClient:
         except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
             raise ModelError(
                 f"{self.where} answered something that is not a chat completion ({exc}): {raw[:200]!r}"
-            )
+            ) from exc
         if self.cache is not None:
             self.cache.put(key, completion, label, body["model"])  # durable before anything else happens
         self.usage.answered(completion, self.price)

@@ -10,6 +10,7 @@ size, in one run side by side: FTS5 vs bm25s for the lexical path, exact vs HNSW
 (with HNSW's recall@10 against exact), the dimension path, and the whole `Memory.search` (query
 embedding, three paths, fusion). Ingest with embeddings and the update path is measured on 1e4 records.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from dimmem.contract.records import MEMORY_FIELDS
-from dimmem.runtime.embed import Embedder
 from dimmem.contract.loaders import load_conversations
-from dimmem.runtime.memory import Memory
+from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.paths import shared_data, write_json
+from dimmem.runtime.embed import Embedder
+from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
 from dimmem.runtime.store import MemoryStore
@@ -40,7 +41,12 @@ def corpus(locomo: Path, embedder: Embedder) -> tuple[list[str], np.ndarray, lis
     """LoCoMo turn texts with their vectors, and questions (categories 1-4) with theirs."""
     conversations = load_conversations("locomo", locomo)
     texts = [f"{t.speaker}: {t.text}" for c in conversations for t in c.turns]
-    questions = [qa["question"] for c in conversations for qa in c.metadata.get("qa", []) if qa.get("category") in (1, 2, 3, 4)]
+    questions = [
+        qa["question"]
+        for c in conversations
+        for qa in c.metadata.get("qa", [])
+        if qa.get("category") in (1, 2, 3, 4)
+    ]
     return texts, embedder.encode(texts), questions, embedder.encode(questions), conversations
 
 
@@ -52,16 +58,33 @@ def synthetic(n: int, texts: list[str], vectors: np.ndarray, seed: int = 0):
         j = i % len(texts)
         extra = " ".join(vocab[k] for k in rng.integers(0, len(vocab), 2))
         vector = vectors[j] + rng.normal(scale=0.02, size=vectors.shape[1]).astype(np.float32)
-        day = f"{2020 + int(rng.integers(0, 5))}-{int(rng.integers(1, 13)):02d}-{int(rng.integers(1, 29)):02d}"
+        day = (
+            f"{2020 + int(rng.integers(0, 5))}-{int(rng.integers(1, 13)):02d}-{int(rng.integers(1, 29)):02d}"
+        )
         content = f"{texts[j]} {extra}"
-        yield ({"id": f"r{i}", "source_turns": [f"D1:{i}"], "speaker": texts[j].split(":", 1)[0], "content": content,
-                "type": TYPES[i % 3], "time": day, "location": None, "reason": None, "purpose": None,
-                "keywords": (content_words(content) or ["x"])[:8]}, vector / np.linalg.norm(vector))
+        yield (
+            {
+                "id": f"r{i}",
+                "source_turns": [f"D1:{i}"],
+                "speaker": texts[j].split(":", 1)[0],
+                "content": content,
+                "type": TYPES[i % 3],
+                "time": day,
+                "location": None,
+                "reason": None,
+                "purpose": None,
+                "keywords": (content_words(content) or ["x"])[:8],
+            },
+            vector / np.linalg.norm(vector),
+        )
 
 
 def percentiles(samples: list[float]) -> dict:
     ms = np.array(samples) * 1000
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2)}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p95_ms": round(float(np.percentile(ms, 95)), 2),
+    }
 
 
 def timed(fn, args_list) -> tuple[list, list[float]]:
@@ -73,7 +96,9 @@ def timed(fn, args_list) -> tuple[list, list[float]]:
     return out, samples
 
 
-def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, workdir: Path, queries: int) -> dict:
+def bench_size(
+    n: int, texts, vectors, questions, qvectors, embedder: Embedder, workdir: Path, queries: int
+) -> dict:
     import bm25s
 
     path = workdir / f"store-{n}.sqlite"
@@ -92,8 +117,12 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
 
     qs = list(zip(questions[:queries], qvectors[:queries]))
     parsed = [parse_query_rules(q, "2023-10-01") for q, _ in qs]
-    result = {"records": n, "fill_records_per_s": round(n / fill_seconds), "store_bytes": size,
-              "store_bytes_per_record": round(size / n)}
+    result = {
+        "records": n,
+        "fill_records_per_s": round(n / fill_seconds),
+        "store_bytes": size,
+        "store_bytes_per_record": round(size / n),
+    }
 
     _, lexical = timed(lambda q: store.lexical("bench", lexical_terms(q), 50), [(q,) for q, _ in qs])
     result["bm25_fts5"] = percentiles(lexical)
@@ -103,8 +132,12 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     retriever.index(bm25s.tokenize(contents, stopwords="en", show_progress=False), show_progress=False)
     result["bm25s_index_s"] = round(time.perf_counter() - start, 1)
     del contents
-    _, lexical_bm25s = timed(lambda q: retriever.retrieve(bm25s.tokenize([lexical_terms(q)], stopwords="en", show_progress=False), k=50,
-                                                          show_progress=False), [(q,) for q, _ in qs])
+    _, lexical_bm25s = timed(
+        lambda q: retriever.retrieve(
+            bm25s.tokenize([lexical_terms(q)], stopwords="en", show_progress=False), k=50, show_progress=False
+        ),
+        [(q,) for q, _ in qs],
+    )
     result["bm25_bm25s"] = percentiles(lexical_bm25s)
     retriever = None  # free the index before the dense ones are built
 
@@ -120,8 +153,17 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     result["dense_hnsw_build_s"] = round(time.perf_counter() - start, 1)
     ann_hits, ann_times = timed(lambda v: ann.search("bench", v, 50), [(v,) for _, v in qs])
     result["dense_hnsw"] = percentiles(ann_times)
-    result["hnsw_recall@10"] = round(float(np.mean([len({r for r, _ in a[:10]} & {r for r, _ in e[:10]}) / 10
-                                                    for a, e in zip(ann_hits, exact_hits)])), 4)
+    result["hnsw_recall@10"] = round(
+        float(
+            np.mean(
+                [
+                    len({r for r, _ in a[:10]} & {r for r, _ in e[:10]}) / 10
+                    for a, e in zip(ann_hits, exact_hits)
+                ]
+            )
+        ),
+        4,
+    )
 
     _, dimension = timed(lambda p: dimension_path(store, "bench", p, 50), [(p,) for p in parsed])
     result["dimension"] = percentiles(dimension)
@@ -132,22 +174,24 @@ def bench_size(n: int, texts, vectors, questions, qvectors, embedder: Embedder, 
     memory.vectors = ann if n >= memory.vectors.ann_min else exact  # already loaded (timed above)
     memory.vectors.store = memory.store
     ann = exact = None  # the index the runtime does not use can be freed
-    _, searches = timed(lambda q: memory.search(q, user_id="bench", k=10, reference_date="2023-10-01"),
-                        [(q,) for q, _ in qs])
+    _, searches = timed(
+        lambda q: memory.search(q, user_id="bench", k=10, reference_date="2023-10-01"), [(q,) for q, _ in qs]
+    )
     result["search"] = percentiles(searches)
     memory.store.close()
     return result
 
 
 def bench_ingest(texts: list[str], vectors: np.ndarray, embedder: Embedder, n: int) -> dict:
-    """Records/s into a fresh store, embeddings included (no extractor), as given and through the update path."""
+    """Records/s into a fresh store, embeddings included (no extractor), as given and through the update
+    path."""
     rows = [r for r, _ in synthetic(n, texts, vectors)]
     out = {}
     for consolidate in (False, True):
         memory = Memory({"store": ":memory:"}, embedder=embedder)
         start = time.perf_counter()
         for i in range(0, n, 500):
-            memory.add_records(rows[i:i + 500], user_id="ingest", consolidate=consolidate)
+            memory.add_records(rows[i : i + 500], user_id="ingest", consolidate=consolidate)
         key = "with_update" if consolidate else "without_update"
         out[f"ingest_records_per_s_{key}"] = round(n / (time.perf_counter() - start))
     start = time.perf_counter()
@@ -160,38 +204,57 @@ def bench_update(conversations, embedder: Embedder) -> dict:
     """Embedding comparisons of the update path on LoCoMo observations vs comparing with every record."""
     memory = Memory({"store": ":memory:"}, embedder=embedder)
     for conv in conversations:
-        memory.add_records([{k: r[k] for k in (*MEMORY_FIELDS, "id")} for r in observation_records(conv)],
-                           user_id=conv.id)
+        memory.add_records(
+            [{k: r[k] for k in (*MEMORY_FIELDS, "id")} for r in observation_records(conv)], user_id=conv.id
+        )
     s = memory.stats
-    return {"records": sum(len(observation_records(c)) for c in conversations), "comparisons": s["embedding_comparisons"],
-            "baseline_comparisons": s["baseline_comparisons"],
-            "reduction": round(1 - s["embedding_comparisons"] / max(s["baseline_comparisons"], 1), 4),
-            "decisions": {a: s[a] for a in ("KEEP_BOTH", "SUPERSEDE", "MERGE")}}
+    return {
+        "records": sum(len(observation_records(c)) for c in conversations),
+        "comparisons": s["embedding_comparisons"],
+        "baseline_comparisons": s["baseline_comparisons"],
+        "reduction": round(1 - s["embedding_comparisons"] / max(s["baseline_comparisons"], 1), 4),
+        "decisions": {a: s[a] for a in ("KEEP_BOTH", "SUPERSEDE", "MERGE")},
+    }
 
 
 def format_tables(result: dict) -> str:
-    lines = ["| records | store MB (B/record) | fill rec/s | FTS5 p50/p95 ms | bm25s p50/p95 ms (index s) | exact p50/p95 ms "
-             "(load s) | HNSW p50/p95 ms (build s, recall@10) | dimension p50/p95 ms | search p50/p95 ms |",
-             "|" + "---|" * 9]
+    lines = [
+        "| records | store MB (B/record) | fill rec/s | FTS5 p50/p95 ms | bm25s p50/p95 ms (index s) "
+        "| exact p50/p95 ms (load s) | HNSW p50/p95 ms (build s, recall@10) | dimension p50/p95 ms "
+        "| search p50/p95 ms |",
+        "|" + "---|" * 9,
+    ]
     for r in result["sizes"]:
-        pp = lambda key: f"{r[key]['p50_ms']} / {r[key]['p95_ms']}"  # noqa: E731
-        lines.append(f"| {r['records']:,} | {r['store_bytes'] / 1e6:,.0f} ({r['store_bytes_per_record']:,}) | "
-                     f"{r['fill_records_per_s']:,} | {pp('bm25_fts5')} | {pp('bm25_bm25s')} ({r['bm25s_index_s']}) | "
-                     f"{pp('dense_exact')} ({r['dense_exact_load_s']}) | {pp('dense_hnsw')} ({r['dense_hnsw_build_s']}, "
-                     f"{r['hnsw_recall@10']}) | {pp('dimension')} | {pp('search')} |")
+        pp = lambda key, r=r: f"{r[key]['p50_ms']} / {r[key]['p95_ms']}"  # noqa: E731
+        lines.append(
+            f"| {r['records']:,} | {r['store_bytes'] / 1e6:,.0f} ({r['store_bytes_per_record']:,}) | "
+            f"{r['fill_records_per_s']:,} | {pp('bm25_fts5')} | {pp('bm25_bm25s')} ({r['bm25s_index_s']}) | "
+            f"{pp('dense_exact')} ({r['dense_exact_load_s']}) | "
+            f"{pp('dense_hnsw')} ({r['dense_hnsw_build_s']}, {r['hnsw_recall@10']}) | "
+            f"{pp('dimension')} | {pp('search')} |"
+        )
     ingest, update = result["ingest"], result["update"]
-    lines += ["", f"ingest, embeddings included: {ingest['ingest_records_per_s_without_update']:,} records/s stored as given, "
-              f"{ingest['ingest_records_per_s_with_update']:,} records/s through the update path "
-              f"(MiniLM alone: {ingest['embedding_records_per_s']:,} records/s)",
-              f"update on LoCoMo observations ({update['records']:,} records): {update['comparisons']:,} embedding comparisons "
-              f"vs {update['baseline_comparisons']:,} comparing with every stored record ({update['reduction']:.1%} fewer); "
-              f"decisions {update['decisions']}"]
+    lines += [
+        "",
+        "ingest, embeddings included: "
+        f"{ingest['ingest_records_per_s_without_update']:,} records/s stored as given, "
+        f"{ingest['ingest_records_per_s_with_update']:,} records/s through the update path "
+        f"(MiniLM alone: {ingest['embedding_records_per_s']:,} records/s)",
+        f"update on LoCoMo observations ({update['records']:,} records): "
+        f"{update['comparisons']:,} embedding comparisons "
+        f"vs {update['baseline_comparisons']:,} comparing with every stored record "
+        f"({update['reduction']:.1%} fewer); "
+        f"decisions {update['decisions']}",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.bench_runtime", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.bench_runtime",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--ingest", type=int, default=10_000, help="records for the ingest measurement")
@@ -202,10 +265,16 @@ def main(argv: list[str] | None = None) -> int:
 
     embedder = Embedder()
     texts, vectors, questions, qvectors, conversations = corpus(Path(args.locomo), embedder)
-    result = {"ingest": bench_ingest(texts, vectors, embedder, args.ingest), "update": bench_update(conversations, embedder), "sizes": []}
+    result = {
+        "ingest": bench_ingest(texts, vectors, embedder, args.ingest),
+        "update": bench_update(conversations, embedder),
+        "sizes": [],
+    }
     with tempfile.TemporaryDirectory(dir=args.workdir) as workdir:
         for n in (int(s) for s in re.split(r"[,\s]+", args.sizes) if s):
-            result["sizes"].append(bench_size(n, texts, vectors, questions, qvectors, embedder, Path(workdir), args.queries))
+            result["sizes"].append(
+                bench_size(n, texts, vectors, questions, qvectors, embedder, Path(workdir), args.queries)
+            )
             for f in Path(workdir).glob("store-*"):
                 f.unlink()
             print(json.dumps(result["sizes"][-1]), flush=True)

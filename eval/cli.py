@@ -142,8 +142,10 @@ def run_extraction(args: argparse.Namespace) -> int:
     }
     metrics = evaluate(refs, predictions, out, run_info, wall)
     print(
-        f"{metrics['windows']} windows: parse {metrics['parse_rate']:.3f}, schema-valid {metrics['schema_valid_rate']:.3f}, "
-        f"memory F1 {metrics['memory_f1']:.3f}, type {metrics['type_accuracy']:.3f}, time {metrics['time_exact']:.3f}, "
+        f"{metrics['windows']} windows: parse {metrics['parse_rate']:.3f}, "
+        f"schema-valid {metrics['schema_valid_rate']:.3f}, "
+        f"memory F1 {metrics['memory_f1']:.3f}, type {metrics['type_accuracy']:.3f}, "
+        f"time {metrics['time_exact']:.3f}, "
         f"keywords {metrics['keyword_f1']:.3f}, headline {metrics['headline']:.1f}  ->  {out}/report.md"
     )
     return 0

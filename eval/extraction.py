@@ -1,7 +1,8 @@
 """`dimmem eval extraction`: score an extractor's answers against the reference answers of a data_gen
 dataset split, window by window (eval/metrics.py), from one of three sources:
 
-    dimmem eval extraction --references runs/demo/datagen:test --base-url http://localhost:8000/v1 --model dimmem-extractor --out DIR
+    dimmem eval extraction --references runs/demo/datagen:test --base-url http://localhost:8000/v1 \\
+        --model dimmem-extractor --out DIR
     dimmem eval extraction --references runs/demo/datagen:test --hf-model runs/demo/export-tiny --out DIR
     dimmem eval extraction --references runs/demo/datagen:test --predictions answers.jsonl --out DIR
 

@@ -128,7 +128,8 @@ def run_qa(
         result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
         search_seconds.append(time.perf_counter() - start)
         memories = [
-            f"- [{h.record.get('time') or (h.record.get('session_time') or '')[:10] or 'undated'}] {h.record['content']}"
+            f"- [{h.record.get('time') or (h.record.get('session_time') or '')[:10] or 'undated'}] "
+            f"{h.record['content']}"
             for h in result.hits
         ]
         assistant = [f"- {t['text']}" for t in result.assistant_context]

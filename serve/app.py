@@ -10,6 +10,7 @@ contain "/" and "#" (`<conversation>/w0003#m2`): percent-encode them in paths.
 
 `build_app` assembles the routers (serve/routes/) over shared state on `app.state.service`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,9 +31,12 @@ def build_app(config: ServeConfig, memory: Memory | None = None) -> FastAPI:
     if memory is None:
         memory = Memory.from_config(config.memory_config, store=config.store)
     state = ServiceState(config=config, memory=memory, keys=keys, metrics=Metrics(), lock=threading.Lock())
-    app = FastAPI(title="DimMem memory service", version="1",
-                  description="Add conversations, search typed memories with per-path scores, and manage "
-                              "them; every call is confined to the tenant of its API key.")
+    app = FastAPI(
+        title="DimMem memory service",
+        version="1",
+        description="Add conversations, search typed memories with per-path scores, and manage "
+        "them; every call is confined to the tenant of its API key.",
+    )
     app.state.service = state
     for module in (ops, memories, search):
         app.include_router(module.router)
@@ -46,7 +50,10 @@ def build_app(config: ServeConfig, memory: Memory | None = None) -> FastAPI:
         if declared is not None:
             over = not declared.isdigit() or int(declared) > config.max_body_bytes
         else:
-            over = request.method in ("POST", "PATCH", "PUT") and len(await request.body()) > config.max_body_bytes
+            over = (
+                request.method in ("POST", "PATCH", "PUT")
+                and len(await request.body()) > config.max_body_bytes
+            )
         response = JSONResponse({"detail": too_big}, status_code=413) if over else await call_next(request)
         route = request.scope.get("route")
         path = route.path if route is not None else "unmatched"

@@ -1,4 +1,5 @@
 """`dimmem serve ...` / `python -m serve ...`: the HTTP memory service."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,19 +14,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument("--config", default=str(CONFIG_DIR / "serve" / "default.yaml"))
     api.add_argument("--host")
     api.add_argument("--port", type=int)
-    api.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key (dotted, e.g. max_k=50); repeatable; --host/--port win")
+    api.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted, e.g. max_k=50); repeatable; --host/--port win",
+    )
     api.add_argument("--openapi", metavar="FILE", help="write the OpenAPI document to FILE and exit")
 
-    vllm = sub.add_parser("vllm", help="launch (or --print) vLLM's OpenAI-compatible server "
-                                       "for an exported extractor")
+    vllm = sub.add_parser(
+        "vllm", help="launch (or --print) vLLM's OpenAI-compatible server for an exported extractor"
+    )
     which = vllm.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="a merged export folder")
     which.add_argument("--adapter", help="an adapter export folder (with --base)")
     vllm.add_argument("--base", help="the base model of --adapter (default: the one it was trained on)")
-    vllm.add_argument("--python",
-                      help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, "
-                           "if present)")
+    vllm.add_argument(
+        "--python", help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, if present)"
+    )
     vllm.add_argument("--host", default="127.0.0.1")
     vllm.add_argument("--port", type=int, default=8000)
     vllm.add_argument("--max-model-len", type=int, help="default: the length the model was trained with")
@@ -45,14 +53,24 @@ def run_vllm(args: argparse.Namespace) -> int:
     from serve.vllm import DEFAULT_PYTHON, VLLM_READY, printable, vllm_command, vllm_env
 
     python = args.python or DEFAULT_PYTHON
-    command = vllm_command(args.model, args.base, args.adapter, python=python, host=args.host,
-                           port=args.port, max_model_len=args.max_model_len, extra=args.extra)
+    command = vllm_command(
+        args.model,
+        args.base,
+        args.adapter,
+        python=python,
+        host=args.host,
+        port=args.port,
+        max_model_len=args.max_model_len,
+        extra=args.extra,
+    )
     if args.print:
         print(printable(command))
         return 0
     if python == "python" and not VLLM_READY:
-        print("note: no .venv-vllm here (`make serve-cpu` builds vLLM for CPU); using `python` from PATH",
-              file=sys.stderr)
+        print(
+            "note: no .venv-vllm here (`make serve-cpu` builds vLLM for CPU); using `python` from PATH",
+            file=sys.stderr,
+        )
     os.execvpe(command[0], command, vllm_env())
 
 

@@ -1,6 +1,7 @@
 """The memory service's configuration (`configs/serve/*.yaml`), loaded like every other config
 (`dimmem.config.load_config`: YAML, then dotted overrides). API keys never live in the file: each
 tenant names the environment variable that holds its key."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ class Tenant(Section):
 
 
 class ServeConfig(Section):
-    memory_config: str = Field("configs/memory/default.yaml",
-                               description="the runtime: extractor, parser, consolidator (configs/memory/)")
+    memory_config: str = Field(
+        "configs/memory/default.yaml",
+        description="the runtime: extractor, parser, consolidator (configs/memory/)",
+    )
     store: str | None = Field(None, description="overrides the memory config's store")
     tenants: list[Tenant] = Field(min_length=1)
     max_body_bytes: int = Field(1_048_576, ge=1)
@@ -34,12 +37,14 @@ class ServeConfig(Section):
         """API key -> tenant name; a tenant whose variable is unset cannot log in (and is named)."""
         missing = [t.api_key_env for t in self.tenants if not os.environ.get(t.api_key_env)]
         if missing:
-            raise ValueError(f"no API key in the environment for {missing}: "
-                             "set them before starting the service")
+            raise ValueError(
+                f"no API key in the environment for {missing}: set them before starting the service"
+            )
         return {os.environ[t.api_key_env]: t.name for t in self.tenants}
 
 
-def load_serve_config(path: str | Path | None, overrides: Mapping[str, Any] | Iterable[str] = (),
-                      **fields: Any) -> ServeConfig:
+def load_serve_config(
+    path: str | Path | None, overrides: Mapping[str, Any] | Iterable[str] = (), **fields: Any
+) -> ServeConfig:
     """The file, then dotted `overrides` (`--set max_k=50`), then keyword fields (flags; None: not given)."""
     return load_config(ServeConfig, path, overrides, **fields)

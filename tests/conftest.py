@@ -31,8 +31,14 @@ def make_conversation(n_turns: int, sessions: int = 1, text: str = "hello there"
     """A two-person conversation of n_turns spread over `sessions` dated sessions."""
     per = -(-n_turns // sessions)
     turns = [
-        Turn(id=f"D{i // per + 1}:{i % per + 1}", speaker=("Ann", "Bob")[i % 2], role="participant",
-             text=f"{text} {i}", session_id=f"S{i // per + 1}", session_time=f"2024-01-{i // per + 1:02d}T10:00")
+        Turn(
+            id=f"D{i // per + 1}:{i % per + 1}",
+            speaker=("Ann", "Bob")[i % 2],
+            role="participant",
+            text=f"{text} {i}",
+            session_id=f"S{i // per + 1}",
+            session_time=f"2024-01-{i // per + 1:02d}T10:00",
+        )
         for i in range(n_turns)
     ]
     return Conversation(id="c", turns=turns)

@@ -1,15 +1,16 @@
 """data_gen through the real openai client and an in-process fake transport: every failure mode ends
 labeled, repaired or quarantined with the right reason; the cache re-sends nothing it has."""
+
 import json
 from pathlib import Path
 
 import pytest
+from datagen_helpers import mock_client, toy_config, window_marker
 from datasets import load_from_disk
 
 from data_gen.fake_teacher import FakeTeacher
 from data_gen.run import run
 from dimmem.llm import FatalModelError, RateLimiter
-from datagen_helpers import mock_client, toy_config, window_marker
 
 
 def run_with(cfg, fake):
@@ -26,14 +27,19 @@ def test_clean_run_labels_every_window(tmp_path):
     assert report["labeled"] == report["windows"] > 3 and report["quarantined"] == 0
     assert report["requests_sent"] == report["windows"] and report["cache_hits"] == 0
     assert report["input_tokens"] > 0 and report["cost_usd"] == pytest.approx(
-        (report["input_tokens"] * 1.0 + report["output_tokens"] * 2.0) / 1e6)
+        (report["input_tokens"] * 1.0 + report["output_tokens"] * 2.0) / 1e6
+    )
     ds = load_from_disk(str(tmp_path / "dataset"))
     rows = [r for split in ds.values() for r in split]
     assert len(rows) == report["windows"]
     row = rows[0]
     assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
     assert json.loads(row["messages"][2]["content"])["memories"]
-    assert (row["task"], row["prompt_version"], row["teacher_model"]) == ("extract", "extract/v1", "teacher-x")
+    assert (row["task"], row["prompt_version"], row["teacher_model"]) == (
+        "extract",
+        "extract/v1",
+        "teacher-x",
+    )
     conv_splits = {}
     for name, split in ds.items():
         for cid in split["conversation_id"]:
@@ -43,20 +49,27 @@ def test_clean_run_labels_every_window(tmp_path):
         assert (tmp_path / name).exists()
 
 
-@pytest.mark.parametrize("sequence,status,reason", [
-    (["429", "ok"], "labeled", None),
-    (["500", "500", "ok"], "labeled", None),
-    (["timeout", "ok"], "labeled", None),
-    (["500"] * 4, "quarantined", "request_failed: http://fake.test/v1: gave up after 4 attempts: 500 server error"),
-    (["nonjson", "ok"], "repaired", None),
-    (["schema", "ok"], "repaired", None),
-    (["overlap", "ok"], "repaired", None),
-    (["nonjson", "nonjson"], "quarantined", "invalid after 1 repair round(s): json"),
-    (["overlap", "overlap"], "quarantined", "invalid after 1 repair round(s): source_turns_overlap"),
-    (["schema", "nonjson"], "quarantined", "invalid after 1 repair round(s): json"),
-    (["truncated", "ok"], "labeled", None),
-    (["truncated"] * 3, "quarantined", "truncated: still cut off at max_tokens=2048"),
-])
+@pytest.mark.parametrize(
+    "sequence,status,reason",
+    [
+        (["429", "ok"], "labeled", None),
+        (["500", "500", "ok"], "labeled", None),
+        (["timeout", "ok"], "labeled", None),
+        (
+            ["500"] * 4,
+            "quarantined",
+            "request_failed: http://fake.test/v1: gave up after 4 attempts: 500 server error",
+        ),
+        (["nonjson", "ok"], "repaired", None),
+        (["schema", "ok"], "repaired", None),
+        (["overlap", "ok"], "repaired", None),
+        (["nonjson", "nonjson"], "quarantined", "invalid after 1 repair round(s): json"),
+        (["overlap", "overlap"], "quarantined", "invalid after 1 repair round(s): source_turns_overlap"),
+        (["schema", "nonjson"], "quarantined", "invalid after 1 repair round(s): json"),
+        (["truncated", "ok"], "labeled", None),
+        (["truncated"] * 3, "quarantined", "truncated: still cut off at max_tokens=2048"),
+    ],
+)
 def test_failure_modes(tmp_path, sequence, status, reason):
     cfg = toy_config(tmp_path)
     marker = window_marker(cfg)
@@ -67,11 +80,15 @@ def test_failure_modes(tmp_path, sequence, status, reason):
     if status == "quarantined":
         [row] = quarantine(cfg)
         assert row["reason"].splitlines()[0] == reason and row["window_id"].endswith("/w0001")
-        assert row["window_id"] not in {r["window_id"] for s in load_from_disk(str(tmp_path / "dataset")).values() for r in s}
+        assert row["window_id"] not in {
+            r["window_id"] for s in load_from_disk(str(tmp_path / "dataset")).values() for r in s
+        }
     else:
         assert report["quarantined"] == 0 and report["labeled"] + report["repaired"] == report["windows"]
     if sequence[0] == "truncated":
-        assert report["truncation_retries"] == len(sequence) - 1  # each retry doubles the budget up to the cap
+        assert (
+            report["truncation_retries"] == len(sequence) - 1
+        )  # each retry doubles the budget up to the cap
 
 
 def test_repair_round_sends_the_validator_report(tmp_path):
@@ -98,7 +115,9 @@ def test_rerun_sends_nothing_and_rebuilds_the_same_dataset(tmp_path):
     before = [r for s in load_from_disk(str(tmp_path / "dataset")).values() for r in s]
     fake = FakeTeacher()
     second = run_with(cfg, fake)
-    assert fake.requests == 0 and second["requests_sent"] == 0 and second["cache_hits"] == first["requests_sent"]
+    assert (
+        fake.requests == 0 and second["requests_sent"] == 0 and second["cache_hits"] == first["requests_sent"]
+    )
     assert [r for s in load_from_disk(str(tmp_path / "dataset")).values() for r in s] == before
 
 
@@ -136,7 +155,11 @@ def test_api_key_never_reaches_outputs(tmp_path, monkeypatch):
 def test_fatal_errors_stop_the_run(tmp_path):
     class Unauthorized(FakeTeacher):
         def respond(self, body, behaviour):
-            return 401, {}, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}
+            return (
+                401,
+                {},
+                {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}},
+            )
 
     with pytest.raises(FatalModelError, match="401"):
         run_with(toy_config(tmp_path), Unauthorized())

@@ -1,4 +1,5 @@
 """data_gen as users run it: the CLI in its own process against a local OpenAI-compatible server."""
+
 import json
 import os
 import signal
@@ -10,9 +11,8 @@ from contextlib import closing
 
 import pytest
 import yaml
-from datasets import load_from_disk
-
 from datagen_helpers import FakeServer
+from datasets import load_from_disk
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +22,14 @@ def write_config(tmp_path, base_url, **extra):
         "source": {"format": "toy", "seed": 3, "conversations": 12, "sessions": 3, "stories_per_session": 3},
         "out": str(tmp_path / "out"),
         "windows": {"window": 8, "overlap": 2, "max_tokens": None},
-        "teacher": {"base_url": base_url, "model": "teacher-x", "concurrency": 4, "timeout": 1.0, "backoff_base": 0.01,
-                    "max_retries": 3},
+        "teacher": {
+            "base_url": base_url,
+            "model": "teacher-x",
+            "concurrency": 4,
+            "timeout": 1.0,
+            "backoff_base": 0.01,
+            "max_retries": 3,
+        },
         "tasks": {"extract": True, "parse_query": True, "consolidate": True},
         "batch_poll_seconds": 0.1,
         **extra,
@@ -68,8 +74,11 @@ def test_sigkill_mid_run_resends_nothing_stored_and_ends_identical(tmp_path, ser
     assert ref.returncode == 0, err
     reference = json.loads(out)
 
-    config = write_config(tmp_path, server.base_url, teacher={"base_url": server.base_url, "model": "teacher-x",
-                                                                "concurrency": 1, "timeout": 1.0})
+    config = write_config(
+        tmp_path,
+        server.base_url,
+        teacher={"base_url": server.base_url, "model": "teacher-x", "concurrency": 1, "timeout": 1.0},
+    )
     victim = datagen(config)
     out_dir = tmp_path / "out"
     try:
@@ -101,7 +110,9 @@ def test_batch_mode_round_trip_with_repair(tmp_path):
         report = json.loads(out)
         assert report["batch"] and report["repaired"] >= 1 and report["quarantined"] == 0
         assert report["labeled"] + report["repaired"] == report["windows"] + report["other_jobs"]
-        assert err.count("submitted batch") == 2  # first answers, then the one repair (fake memories pair with none)
+        assert (
+            err.count("submitted batch") == 2
+        )  # first answers, then the one repair (fake memories pair with none)
         # a re-run finds every answer stored: no new batch, no request
         before = srv.requests()
         proc = datagen(config, "--batch")
@@ -124,10 +135,17 @@ def test_real_timeouts_and_429_against_the_server(tmp_path):
 
 
 def test_unreachable_endpoint_quarantines_with_reason(tmp_path):
-    config = write_config(tmp_path, "http://127.0.0.1:9/v1", teacher={"base_url": "http://127.0.0.1:9/v1", "model": "m",
-                                                                       "max_retries": 1, "backoff_base": 0.01})
+    config = write_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        teacher={"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_retries": 1, "backoff_base": 0.01},
+    )
     proc = datagen(config, "--limit", "2")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     lines = (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()
-    assert lines and all("request_failed: http://127.0.0.1:9/v1: gave up after 2 attempts: connection error" in json.loads(l)["reason"] for l in lines)
+    assert lines and all(
+        "request_failed: http://127.0.0.1:9/v1: gave up after 2 attempts: connection error"
+        in json.loads(line)["reason"]
+        for line in lines
+    )

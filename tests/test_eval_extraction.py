@@ -261,9 +261,14 @@ def test_endpoint_mode_caches_and_resumes(toy_dataset, tmp_path):
     fake = FakeTeacher()
 
     def client(concurrency: int) -> ModelClient:
-        config = ModelConfig(base_url="http://fake.test/v1", model="extractor", max_retries=0, concurrency=concurrency)
-        return ModelClient(config, cache=ResponseCache(tmp_path / "run" / "cache.sqlite"),
-                           http_client=mock_client(fake, sync=True))
+        config = ModelConfig(
+            base_url="http://fake.test/v1", model="extractor", max_retries=0, concurrency=concurrency
+        )
+        return ModelClient(
+            config,
+            cache=ResponseCache(tmp_path / "run" / "cache.sqlite"),
+            http_client=mock_client(fake, sync=True),
+        )
 
     first = predict_endpoint(refs[:2], client(2), max_tokens=512)
     assert fake.requests == 2 and all(p.finish_reason == "stop" for p in first.values())

@@ -1,4 +1,5 @@
 """Each loader on real or published-format data, and malformed input located by file, record and field."""
+
 import json
 from pathlib import Path
 
@@ -17,7 +18,12 @@ def test_locomo_real_file(locomo_path):
     first = convs[0]
     assert first.id == "conv-26" and first.speakers == ["Caroline", "Melanie"]
     turn = first.turns[2]
-    assert (turn.id, turn.speaker, turn.role, turn.session_time) == ("D1:3", "Caroline", "participant", "2023-05-08T13:56")
+    assert (turn.id, turn.speaker, turn.role, turn.session_time) == (
+        "D1:3",
+        "Caroline",
+        "participant",
+        "2023-05-08T13:56",
+    )
     assert "LGBTQ support group yesterday" in turn.text
     assert len(first.sessions) == 19 and first.sessions[1][1] == "2023-05-25T13:14"
     assert any("[shares a photo:" in t.text for t in first.turns)
@@ -31,19 +37,41 @@ def _write(tmp_path, data, name="data.json"):
 
 
 def _locomo_sample():
-    return {"sample_id": "conv-x", "conversation": {
-        "speaker_a": "Ann", "speaker_b": "Bob",
-        "session_1_date_time": "1:56 pm on 8 May, 2023",
-        "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "Hi"}, {"speaker": "Bob", "dia_id": "D1:2", "text": "Hey"}],
-    }}
+    return {
+        "sample_id": "conv-x",
+        "conversation": {
+            "speaker_a": "Ann",
+            "speaker_b": "Bob",
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": [
+                {"speaker": "Ann", "dia_id": "D1:1", "text": "Hi"},
+                {"speaker": "Bob", "dia_id": "D1:2", "text": "Hey"},
+            ],
+        },
+    }
 
 
-@pytest.mark.parametrize("mutate,record,field", [
-    (lambda s: s["conversation"]["session_1"][1].pop("text"), "0 (conv-x)", "conversation.session_1[1].text"),
-    (lambda s: s["conversation"]["session_1"][0].update(dia_id=7), "0 (conv-x)", "conversation.session_1[0].dia_id"),
-    (lambda s: s["conversation"].update(session_1_date_time="yesterday"), "0 (conv-x)", "conversation.session_1_date_time"),
-    (lambda s: s.pop("sample_id"), 0, "sample_id"),
-])
+@pytest.mark.parametrize(
+    "mutate,record,field",
+    [
+        (
+            lambda s: s["conversation"]["session_1"][1].pop("text"),
+            "0 (conv-x)",
+            "conversation.session_1[1].text",
+        ),
+        (
+            lambda s: s["conversation"]["session_1"][0].update(dia_id=7),
+            "0 (conv-x)",
+            "conversation.session_1[0].dia_id",
+        ),
+        (
+            lambda s: s["conversation"].update(session_1_date_time="yesterday"),
+            "0 (conv-x)",
+            "conversation.session_1_date_time",
+        ),
+        (lambda s: s.pop("sample_id"), 0, "sample_id"),
+    ],
+)
 def test_locomo_malformed(tmp_path, mutate, record, field):
     sample = _locomo_sample()
     mutate(sample)
@@ -72,7 +100,13 @@ def test_longmemeval_published_format():
     convs = load_conversations("longmemeval", FIXTURES / "longmemeval_mini.json")
     assert [c.id for c in convs] == ["q_7f3a", "q_81bd"]
     first = convs[0]
-    assert [t.id for t in first.turns] == ["sharegpt_x1:1", "sharegpt_x1:2", "answer_a9c2:1", "answer_a9c2:2", "answer_a9c2:3"]
+    assert [t.id for t in first.turns] == [
+        "sharegpt_x1:1",
+        "sharegpt_x1:2",
+        "answer_a9c2:1",
+        "answer_a9c2:2",
+        "answer_a9c2:3",
+    ]
     assert [t.role for t in first.turns] == ["user", "assistant", "user", "assistant", "user"]
     assert first.turns[2].session_time == "2023-05-25T18:05"
     assert first.metadata["evidence_turns"] == ["answer_a9c2:1"]
@@ -80,12 +114,15 @@ def test_longmemeval_published_format():
     assert convs[1].metadata["evidence_turns"] == ["answer_77aa:2"]
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda q: q["haystack_dates"].pop(), "haystack_sessions"),
-    (lambda q: q["haystack_sessions"][1][0].update(role="system"), "haystack_sessions[1][0].role"),
-    (lambda q: q["haystack_sessions"][0][1].pop("content"), "haystack_sessions[0][1].content"),
-    (lambda q: q["haystack_dates"].__setitem__(0, "someday"), "haystack_dates[0]"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda q: q["haystack_dates"].pop(), "haystack_sessions"),
+        (lambda q: q["haystack_sessions"][1][0].update(role="system"), "haystack_sessions[1][0].role"),
+        (lambda q: q["haystack_sessions"][0][1].pop("content"), "haystack_sessions[0][1].content"),
+        (lambda q: q["haystack_dates"].__setitem__(0, "someday"), "haystack_dates[0]"),
+    ],
+)
 def test_longmemeval_malformed(tmp_path, mutate, field):
     data = json.loads((FIXTURES / "longmemeval_mini.json").read_text())
     mutate(data[0])
@@ -107,14 +144,20 @@ def test_chat_jsonl():
     assert second.turns[0].session_time == "2024-03-01T08:00"  # epoch seconds, UTC
 
 
-@pytest.mark.parametrize("line,field", [
-    ('{"messages": [{"role": "user"}]}', "messages[0].content"),
-    ('{"messages": [{"role": "narrator", "content": "x"}]}', "messages[0].role"),
-    ('{"messages": "hello"}', "messages"),
-    ('{"messages": [{"role": "system", "content": "only instructions"}]}', "messages"),
-    ('{"messages": [{"role": "user", "content": "x", "timestamp": "tomorrow"}]}', "messages[0].timestamp"),
-    ('{"messages": [', "<line>"),
-])
+@pytest.mark.parametrize(
+    "line,field",
+    [
+        ('{"messages": [{"role": "user"}]}', "messages[0].content"),
+        ('{"messages": [{"role": "narrator", "content": "x"}]}', "messages[0].role"),
+        ('{"messages": "hello"}', "messages"),
+        ('{"messages": [{"role": "system", "content": "only instructions"}]}', "messages"),
+        (
+            '{"messages": [{"role": "user", "content": "x", "timestamp": "tomorrow"}]}',
+            "messages[0].timestamp",
+        ),
+        ('{"messages": [', "<line>"),
+    ],
+)
 def test_chat_jsonl_malformed(tmp_path, line, field):
     path = tmp_path / "chats.jsonl"
     path.write_text('{"messages": [{"role": "user", "content": "fine"}]}\n' + line + "\n")
@@ -128,7 +171,11 @@ def test_memorybank_real_file(memorybank_path):
     assert len(convs) == 15
     emily = convs[0]
     assert emily.id == "Emily" and emily.speakers == ["Emily", "assistant"]
-    assert (emily.turns[0].id, emily.turns[0].role, emily.turns[0].session_time) == ("S1:1", "user", "2023-04-27")
+    assert (emily.turns[0].id, emily.turns[0].role, emily.turns[0].session_time) == (
+        "S1:1",
+        "user",
+        "2023-04-27",
+    )
     assert emily.turns[1].role == "assistant"
     assert [t.session_time for t in emily.turns] == sorted(t.session_time for t in emily.turns)
     assert emily.metadata["meta_information"]["name"] == "Emily"
@@ -149,12 +196,16 @@ def test_unknown_format_and_missing_file(tmp_path):
 
 
 def test_conversation_messages_read_back_as_the_same_dialogue():
-    from dimmem.contract.toyworld import generate_dialogue
     from dimmem.contract.loaders import conversation_from_messages, conversation_messages
     from dimmem.contract.loaders._fields import Record
+    from dimmem.contract.toyworld import generate_dialogue
 
     original = generate_dialogue(3, seed=0).conversation
-    back = conversation_from_messages({"messages": conversation_messages(original), "id": original.id},
-                                      Record("messages", "test"), original.id)
-    assert [(t.speaker, t.text, t.session_id, t.session_time) for t in back.turns] == \
-        [(t.speaker, t.text, t.session_id, t.session_time) for t in original.turns]
+    back = conversation_from_messages(
+        {"messages": conversation_messages(original), "id": original.id},
+        Record("messages", "test"),
+        original.id,
+    )
+    assert [(t.speaker, t.text, t.session_id, t.session_time) for t in back.turns] == [
+        (t.speaker, t.text, t.session_id, t.session_time) for t in original.turns
+    ]

@@ -1,5 +1,6 @@
 """The memory runtime: user isolation, durability under SIGKILL, concurrent writers, history, and each
 retrieval path finding what it should, with the real MiniLM embedder."""
+
 import json
 import os
 import signal
@@ -16,16 +17,41 @@ from dimmem.runtime.store import MIGRATIONS, MemoryStore
 
 
 def rec(**fields):
-    base = {"source_turns": ["D1:1"], "speaker": "Ann", "content": "Ann said something.", "type": "episodic",
-            "time": None, "location": None, "reason": None, "purpose": None, "keywords": ["Ann"]}
+    base = {
+        "source_turns": ["D1:1"],
+        "speaker": "Ann",
+        "content": "Ann said something.",
+        "type": "episodic",
+        "time": None,
+        "location": None,
+        "reason": None,
+        "purpose": None,
+        "keywords": ["Ann"],
+    }
     return {**base, **fields}
 
 
-HIKE_APRIL = rec(id="hike-apr", content="Ann went hiking at Eagle Peak.", time="2023-04-02",
-                 keywords=["Ann", "hiking", "Eagle Peak", "dog"], location="Eagle Peak")
-HIKE_MAY = rec(id="hike-may", content="Ann explored the river trail on foot.", time="2023-05-06",
-               keywords=["Ann", "walk", "river trail"], location="river trail", source_turns=["D2:3"])
-JAZZ = rec(id="jazz", type="profile", content="Ann loves jazz and listens to it every evening.", keywords=["Ann", "jazz", "music"])
+HIKE_APRIL = rec(
+    id="hike-apr",
+    content="Ann went hiking at Eagle Peak.",
+    time="2023-04-02",
+    keywords=["Ann", "hiking", "Eagle Peak", "dog"],
+    location="Eagle Peak",
+)
+HIKE_MAY = rec(
+    id="hike-may",
+    content="Ann explored the river trail on foot.",
+    time="2023-05-06",
+    keywords=["Ann", "walk", "river trail"],
+    location="river trail",
+    source_turns=["D2:3"],
+)
+JAZZ = rec(
+    id="jazz",
+    type="profile",
+    content="Ann loves jazz and listens to it every evening.",
+    keywords=["Ann", "jazz", "music"],
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +68,18 @@ def memory(embedder, tmp_path):
 
 def test_users_never_see_each_other(memory):
     memory.add_records([HIKE_APRIL, JAZZ], user_id="ann")
-    memory.add_records([rec(id="bob-jazz", speaker="Bob", content="Bob plays jazz piano.", type="profile",
-                            keywords=["Bob", "jazz", "piano"])], user_id="bob")
+    memory.add_records(
+        [
+            rec(
+                id="bob-jazz",
+                speaker="Bob",
+                content="Bob plays jazz piano.",
+                type="profile",
+                keywords=["Bob", "jazz", "piano"],
+            )
+        ],
+        user_id="bob",
+    )
     ann_hits = memory.search("jazz", user_id="ann").hits
     assert ann_hits[0].record["id"] == "jazz" and all(h.record["user_id"] == "ann" for h in ann_hits)
     assert all(h.record["user_id"] == "bob" for h in memory.search("jazz music Ann", user_id="bob").hits)
@@ -52,8 +88,10 @@ def test_users_never_see_each_other(memory):
         memory.delete("jazz", user_id="bob")
     assert memory.get("jazz", user_id="ann")["status"] == "active"
     assert memory.search("hiking", user_id="carol").hits == []
-    memory.add_records([{**JAZZ, "speaker": "Carol", "keywords": ["Carol", "jazz"], "content": "Carol hates jazz."}],
-                       user_id="carol")
+    memory.add_records(
+        [{**JAZZ, "speaker": "Carol", "keywords": ["Carol", "jazz"], "content": "Carol hates jazz."}],
+        user_id="carol",
+    )
     # the same id under another user
     assert memory.get("jazz", user_id="carol")["content"] == "Carol hates jazz."
     assert memory.get("jazz", user_id="ann")["content"] == JAZZ["content"]
@@ -61,7 +99,9 @@ def test_users_never_see_each_other(memory):
 
 def test_time_constrained_query_prefers_the_right_date(memory):
     memory.add_records([HIKE_APRIL, HIKE_MAY], user_id="ann")
-    result = memory.search("Where did Ann go hiking in May 2023?", user_id="ann", k=2, reference_date="2023-07-01")
+    result = memory.search(
+        "Where did Ann go hiking in May 2023?", user_id="ann", k=2, reference_date="2023-07-01"
+    )
     assert result.query["time"] == "2023-05"
     dense = {h.record["id"]: h.paths.get("dense", {}).get("rank") for h in result.hits}
     assert dense["hike-apr"] < dense["hike-may"]  # April is semantically closer ("hiking")...
@@ -75,15 +115,25 @@ def test_each_path_finds_its_own_evidence(memory):
     assert lexical[0].record["id"] == "hike-apr" and lexical[0].paths["bm25"]["rank"] == 1
     semantic = memory.search("What kind of music does she enjoy?", user_id="ann", k=3).hits
     assert semantic[0].record["id"] == "jazz" and semantic[0].paths["dense"]["rank"] == 1
-    by_type = memory.search("tell me about her", user_id="ann", k=3, parsed={**parse_query_rules("x"), "target_types": ["profile"],
-                                                                     "keywords": ["music"]}).hits
+    by_type = memory.search(
+        "tell me about her",
+        user_id="ann",
+        k=3,
+        parsed={**parse_query_rules("x"), "target_types": ["profile"], "keywords": ["music"]},
+    ).hits
     assert by_type[0].record["id"] == "jazz" and by_type[0].paths["dimension"]["rank"] == 1
 
 
 def test_supersede_keeps_history_and_hides_the_old_version(memory):
     old = rec(id="home-1", type="fact", content="Ann lives in Denver.", keywords=["Ann", "home", "Denver"])
-    new = rec(id="home-2", type="fact", content="Ann moved to Austin and lives in Austin now.", time="2023-06",
-              keywords=["Ann", "home", "Austin"], source_turns=["D3:2"])
+    new = rec(
+        id="home-2",
+        type="fact",
+        content="Ann moved to Austin and lives in Austin now.",
+        time="2023-06",
+        keywords=["Ann", "home", "Austin"],
+        source_turns=["D3:2"],
+    )
     memory.add_records([old], user_id="ann")
     [event] = memory.add_records([new], user_id="ann")
     assert event == {"id": "home-2", "action": "SUPERSEDE", "target": "home-1"}
@@ -95,21 +145,41 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
 
 
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, tmp_path):
-    first = rec(id="trip-1", content="Ann went camping at the lake.", time="2023-07-01", keywords=["Ann", "camping", "lake"])
-    again = rec(id="trip-2", content="Ann went camping at the lake with her kids to watch the stars.", time="2023-07-01",
-                keywords=["Ann", "camping", "kids"], source_turns=["D4:2"])
+    first = rec(
+        id="trip-1",
+        content="Ann went camping at the lake.",
+        time="2023-07-01",
+        keywords=["Ann", "camping", "lake"],
+    )
+    again = rec(
+        id="trip-2",
+        content="Ann went camping at the lake with her kids to watch the stars.",
+        time="2023-07-01",
+        keywords=["Ann", "camping", "kids"],
+        source_turns=["D4:2"],
+    )
     memory.add_records([first], user_id="ann")
-    assert memory.add_records([again], user_id="ann") == [{"id": "trip-2", "action": "MERGE", "target": "trip-1"}]
+    assert memory.add_records([again], user_id="ann") == [
+        {"id": "trip-2", "action": "MERGE", "target": "trip-1"}
+    ]
     kept = memory.get("trip-1", user_id="ann")
     assert kept["content"] == again["content"] and kept["keywords"] == ["Ann", "camping", "lake", "kids"]
-    assert kept["source_turns"] == ["D1:1", "D4:2"] and memory.get("trip-2", user_id="ann")["status"] == "merged"
+    assert (
+        kept["source_turns"] == ["D1:1", "D4:2"] and memory.get("trip-2", user_id="ann")["status"] == "merged"
+    )
     assert [h["action"] for h in memory.history("trip-1", user_id="ann")] == ["ADD", "MERGE trip-2"]
 
-    broken = Memory({"store": str(tmp_path / "b.sqlite")}, embedder=embedder,
-                    consolidator=lambda new, old, sim: {"action": "MERGE", "memory": {**new, "time": "someday"}})
+    broken = Memory(
+        {"store": str(tmp_path / "b.sqlite")},
+        embedder=embedder,
+        consolidator=lambda new, old, sim: {"action": "MERGE", "memory": {**new, "time": "someday"}},
+    )
     broken.add_records([first], user_id="ann")
     assert broken.add_records([again], user_id="ann")[0]["action"] == "KEEP_BOTH"
-    assert broken.stats["invalid_consolidations"] == 1 and broken.get("trip-1", user_id="ann")["content"] == first["content"]
+    assert (
+        broken.stats["invalid_consolidations"] == 1
+        and broken.get("trip-1", user_id="ann")["content"] == first["content"]
+    )
 
 
 def test_update_and_delete_are_versioned(memory):
@@ -118,32 +188,64 @@ def test_update_and_delete_are_versioned(memory):
     memory.delete("jazz", user_id="ann")
     history = memory.history("jazz", user_id="ann")
     assert [(h["version"], h["action"]) for h in history] == [(1, "ADD"), (2, "UPDATE"), (3, "DELETE")]
-    assert [h["record"]["content"] for h in history][:2] == [JAZZ["content"], "Ann loves jazz, especially Coltrane."]
+    assert [h["record"]["content"] for h in history][:2] == [
+        JAZZ["content"],
+        "Ann loves jazz, especially Coltrane.",
+    ]
     assert memory.search("jazz Coltrane", user_id="ann").hits == []
     with pytest.raises(ValueError, match="time_format"):
         memory.add_records([rec(time="last May")], user_id="ann")
 
 
 def test_candidates_come_from_the_index_not_all_pairs(memory):
-    memory.add_records([HIKE_APRIL, JAZZ, rec(id="tea", type="profile", content="Ann prefers tea.", keywords=["Ann", "tea"])], user_id="ann")
+    memory.add_records(
+        [
+            HIKE_APRIL,
+            JAZZ,
+            rec(id="tea", type="profile", content="Ann prefers tea.", keywords=["Ann", "tea"]),
+        ],
+        user_id="ann",
+    )
     before = dict(memory.stats)
-    memory.add_records([rec(id="jazz-2", type="profile", content="Ann listens to jazz records.", keywords=["Ann", "jazz"])], user_id="ann")
-    assert memory.stats["embedding_comparisons"] - before.get("embedding_comparisons", 0) == 1  # only the jazz profile
+    memory.add_records(
+        [rec(id="jazz-2", type="profile", content="Ann listens to jazz records.", keywords=["Ann", "jazz"])],
+        user_id="ann",
+    )
+    assert (
+        memory.stats["embedding_comparisons"] - before.get("embedding_comparisons", 0) == 1
+    )  # only the jazz profile
     assert memory.stats["baseline_comparisons"] - before.get("baseline_comparisons", 0) == 3
 
 
 def test_assistant_recall_follows_the_pointer(memory):
-    conv = Conversation("chat", [
-        Turn("S1:1", "ann", "user", "Can you suggest a pasta recipe?", "S1", "2023-05-20T02:21"),
-        Turn("S1:2", "assistant", "assistant", "Try lemon garlic spaghetti.", "S1", "2023-05-20T02:21"),
-        Turn("S1:3", "ann", "user", "I adopted a cat.", "S1", "2023-05-20T02:21")])
-    memory.add_records([rec(id="pasta", speaker="ann", content="Ann asked for a weeknight pasta recipe.",
-                            keywords=["ann", "pasta recipe"], source_turns=["S1:1"], conversation_id="chat")],
-                       user_id="ann", conversation=conv)
+    conv = Conversation(
+        "chat",
+        [
+            Turn("S1:1", "ann", "user", "Can you suggest a pasta recipe?", "S1", "2023-05-20T02:21"),
+            Turn("S1:2", "assistant", "assistant", "Try lemon garlic spaghetti.", "S1", "2023-05-20T02:21"),
+            Turn("S1:3", "ann", "user", "I adopted a cat.", "S1", "2023-05-20T02:21"),
+        ],
+    )
+    memory.add_records(
+        [
+            rec(
+                id="pasta",
+                speaker="ann",
+                content="Ann asked for a weeknight pasta recipe.",
+                keywords=["ann", "pasta recipe"],
+                source_turns=["S1:1"],
+                conversation_id="chat",
+            )
+        ],
+        user_id="ann",
+        conversation=conv,
+    )
     plain = memory.search("What pasta did Ann ask about?", user_id="ann")
     assert plain.assistant_context == []
     recalled = memory.search("What pasta recipe did you suggest?", user_id="ann")
-    assert recalled.query["need_assistant_context"] and [t["text"] for t in recalled.assistant_context] == ["Try lemon garlic spaghetti."]
+    assert recalled.query["need_assistant_context"] and [t["text"] for t in recalled.assistant_context] == [
+        "Try lemon garlic spaghetti."
+    ]
     assert memory.stats["assistant_recalls"] == 1
 
 
@@ -170,7 +272,8 @@ WRITER = textwrap.dedent("""
     import time
     for i in range(start, start + count):
         rec = {"id": f"{user}-{i}", "type": "fact", "speaker": "Ann", "content": f"fact {i}", "time": None,
-               "location": None, "reason": None, "purpose": None, "keywords": ["Ann", f"k{i}"], "source_turns": ["D1:1"]}
+               "location": None, "reason": None, "purpose": None, "keywords": ["Ann", f"k{i}"],
+               "source_turns": ["D1:1"]}
         with store.transaction():
             store.insert(user, rec, np.ones(4, dtype=np.float32))
             time.sleep(pause)  # inside the transaction: a kill here must leave no partial record
@@ -182,7 +285,9 @@ WRITER = textwrap.dedent("""
 def test_sigkill_mid_add_leaves_no_partial_record(tmp_path):
     db = tmp_path / "k.sqlite"
     MemoryStore(db).close()
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db), "ann", "0", "1000", "0.02"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(db), "ann", "0", "1000", "0.02"], stdout=subprocess.PIPE, text=True
+    )
     committed = [proc.stdout.readline() for _ in range(10)]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -190,7 +295,9 @@ def test_sigkill_mid_add_leaves_no_partial_record(tmp_path):
     records = store.records("ann")
     assert len(records) >= len(committed)  # nothing committed was lost
     for r in records:  # and whatever is there is whole: index, vector and history entries with it
-        assert store.history("ann", r["id"]) and store.candidates("ann", "fact", [r["keywords"][1]]) == [r["id"]]
+        assert store.history("ann", r["id"]) and store.candidates("ann", "fact", [r["keywords"][1]]) == [
+            r["id"]
+        ]
     _, ids, _ = store.vectors_after("ann", 0)
     assert sorted(ids) == sorted(r["id"] for r in records) and store.vector_state("ann") == (len(records), 0)
     assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -200,8 +307,12 @@ def test_sigkill_mid_add_leaves_no_partial_record(tmp_path):
 def test_concurrent_writers_lose_nothing(tmp_path):
     db = tmp_path / "c.sqlite"
     MemoryStore(db).close()
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(db), "ann", str(n * 100), "60", "0"],
-                              stdout=subprocess.DEVNULL) for n in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(db), "ann", str(n * 100), "60", "0"], stdout=subprocess.DEVNULL
+        )
+        for n in range(4)
+    ]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     assert len(MemoryStore(db).records("ann")) == 240
 
@@ -222,38 +333,77 @@ def test_memory_cli_loads_labels_and_searches(tmp_path, capsys):
     from data_gen.config import DatagenConfig
     from data_gen.run import run
 
-    run(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 3}, "out": str(tmp_path / "d"),
-                                      "windows": {"window": 12, "overlap": 3, "max_tokens": None},
-                                      "teacher": {"kind": "oracle"}, "tasks": {"parse_query": False, "consolidate": False}}),
-        show_progress=False)
+    run(
+        DatagenConfig.model_validate(
+            {
+                "source": {"format": "toy", "conversations": 3},
+                "out": str(tmp_path / "d"),
+                "windows": {"window": 12, "overlap": 3, "max_tokens": None},
+                "teacher": {"kind": "oracle"},
+                "tasks": {"parse_query": False, "consolidate": False},
+            }
+        ),
+        show_progress=False,
+    )
     store = str(tmp_path / "m.sqlite")
-    assert memory_command(["load", "--labels", str(tmp_path / "d" / "labels.jsonl"), "--store", store,
-                           "--set", "update.similarity_threshold=0.7"]) == 0
+    assert (
+        memory_command(
+            [
+                "load",
+                "--labels",
+                str(tmp_path / "d" / "labels.jsonl"),
+                "--store",
+                store,
+                "--set",
+                "update.similarity_threshold=0.7",
+            ]
+        )
+        == 0
+    )
     loaded = capsys.readouterr().out
     assert "for 3 users" in loaded and "fewer)" in loaded
-    assert memory_command(["search", "--store", store, "--user", "toy-0000", "--k", "3",
-                           "where", "does", "he", "live"]) == 0
+    assert (
+        memory_command(
+            ["search", "--store", store, "--user", "toy-0000", "--k", "3", "where", "does", "he", "live"]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("query: 'where does he live'") and lines[1].startswith("1. [") and "#1" in "".join(lines[1:])
+    assert (
+        lines[0].startswith("query: 'where does he live'")
+        and lines[1].startswith("1. [")
+        and "#1" in "".join(lines[1:])
+    )
 
 
-GOOD_ROW = {"task": "extract", "conversation_id": "c1", "window_id": "c1/w0000", "memories": [
-    {"id": "c1/w0000#m1", **{k: v for k, v in rec().items()}, "session_time": "2023-01-01"}]}
+GOOD_ROW = {
+    "task": "extract",
+    "conversation_id": "c1",
+    "window_id": "c1/w0000",
+    "memories": [{"id": "c1/w0000#m1", **{k: v for k, v in rec().items()}, "session_time": "2023-01-01"}],
+}
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("{not json\n", "line 1: not JSON"),
-    ('"a string"\n', "line 1: a JSON str, expected an object"),
-    ('[{"task": "extract"}]\n', "line 1: a JSON array; expected JSON lines"),
-    ('[\n  {"task": "extract"}\n]\n', "line 1: a JSON array"),
-    ('{"task": "extract", "window_id": "w"}\n', "line 1: missing key 'conversation_id'"),
-    ('{"task": "extract", "conversation_id": "c", "window_id": "w", "memories": null}\n',
-     "line 1: memories is null"),
-    ('{"task": "extract", "conversation_id": "c", "window_id": "w"}\n', "line 1: missing key 'memories'"),
-    ('{"task": "extract", "conversation_id": "c", "window_id": "w", "memories": [{"id": "x"}]}\n',
-     "line 1: memories[0]: missing key 'source_turns'"),
-    ("\n{GOOD}\n\n[1]\n", "line 4: a JSON list, expected an object"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json\n", "line 1: not JSON"),
+        ('"a string"\n', "line 1: a JSON str, expected an object"),
+        ('[{"task": "extract"}]\n', "line 1: a JSON array; expected JSON lines"),
+        ('[\n  {"task": "extract"}\n]\n', "line 1: a JSON array"),
+        ('{"task": "extract", "window_id": "w"}\n', "line 1: missing key 'conversation_id'"),
+        (
+            '{"task": "extract", "conversation_id": "c", "window_id": "w", "memories": null}\n',
+            "line 1: memories is null",
+        ),
+        ('{"task": "extract", "conversation_id": "c", "window_id": "w"}\n', "line 1: missing key 'memories'"),
+        (
+            '{"task": "extract", "conversation_id": "c", "window_id": "w", "memories": [{"id": "x"}]}\n',
+            "line 1: memories[0]: missing key 'source_turns'",
+        ),
+        ("\n{GOOD}\n\n[1]\n", "line 4: a JSON list, expected an object"),
+    ],
+)
 def test_label_memories_names_the_file_and_line_of_bad_input(tmp_path, text, problem):
     from dimmem.runtime.labels import label_memories
 
@@ -305,18 +455,29 @@ def test_memory_config_defaults_and_overrides(tmp_path, embedder):
         Memory(str(tmp_path / "m.sqlite"), embedder=embedder)
     config = tmp_path / "m.yaml"
     config.write_text("retrieval: {depth: 7}\n")
-    built = Memory.from_config(config, ["retrieval.weights={bm25: 1, dense: 1, dimension: 0.5}"],
-                               store=str(tmp_path / "y.sqlite"), embedder=None)
+    built = Memory.from_config(
+        config,
+        ["retrieval.weights={bm25: 1, dense: 1, dimension: 0.5}"],
+        store=str(tmp_path / "y.sqlite"),
+        embedder=None,
+    )
     assert built.config.retrieval.depth == 7 and built.config.retrieval.weights["dimension"] == 0.5
     assert built.store.path == str(tmp_path / "y.sqlite")
 
 
 # --- get_all: filters and keyset paging ----------------------------------------------------------------
 def test_get_all_filters_and_pages(memory):
-    records = [rec(id=f"r{i:02d}", type=("fact", "episodic", "profile")[i % 3],
-                   content=f"Ann fact number {i}.",
-                   time=f"2023-{i % 12 + 1:02d}-01" if i % 3 == 1 else None, keywords=["Ann", f"k{i}"],
-                   conversation_id="c1" if i < 10 else "c2") for i in range(25)]
+    records = [
+        rec(
+            id=f"r{i:02d}",
+            type=("fact", "episodic", "profile")[i % 3],
+            content=f"Ann fact number {i}.",
+            time=f"2023-{i % 12 + 1:02d}-01" if i % 3 == 1 else None,
+            keywords=["Ann", f"k{i}"],
+            conversation_id="c1" if i < 10 else "c2",
+        )
+        for i in range(25)
+    ]
     memory.add_records(records, user_id="ann", consolidate=False)
     memory.add_records([rec(id="bob-1", speaker="Bob", keywords=["Bob"])], user_id="bob")
     memory.delete("r00", user_id="ann")
@@ -340,8 +501,12 @@ def test_get_all_filters_and_pages(memory):
     assert sorted(r["time"] for r in in_spring) == ["2023-05-01", "2023-05-01"]
     assert {r["user_id"] for r in memory.get_all(user_id="bob").memories} == {"bob"}
     assert memory.get_all(user_id="carol").memories == []
-    for bad, match in (({"colour": "red"}, "unknown filter"), ({"type": "dream"}, "type 'dream'"),
-                       ({"status": "gone"}, "status 'gone'"), ({"time": "last May"}, "last May")):
+    for bad, match in (
+        ({"colour": "red"}, "unknown filter"),
+        ({"type": "dream"}, "type 'dream'"),
+        ({"status": "gone"}, "status 'gone'"),
+        ({"time": "last May"}, "last May"),
+    ):
         with pytest.raises(ValueError, match=match):
             memory.get_all(user_id="ann", filters=bad)
     with pytest.raises(ValueError, match="cursor"):

@@ -1,6 +1,7 @@
 """Memory.add end to end: windows -> extractor -> validator -> update -> store, with the real openai client
 against the fake OpenAI-compatible server's logic, the labels replay and the rule fallback; the model
 client's retries; the dense index staying in step with the store; the YAML config."""
+
 import json
 import re
 
@@ -39,8 +40,9 @@ THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}  # as config
 
 
 def served(fake: FakeTeacher, **settings) -> ModelClient:
-    config = ModelConfig(base_url="http://fake.test/v1", model="extractor", max_retries=0,
-                         extra_body=THINKING_OFF, **settings)
+    config = ModelConfig(
+        base_url="http://fake.test/v1", model="extractor", max_retries=0, extra_body=THINKING_OFF, **settings
+    )
     return ModelClient(config, http_client=mock_client(fake, sync=True))
 
 
@@ -52,8 +54,11 @@ def down(**settings) -> ModelClient:
 
 def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(embedder, tmp_path):
     fake = FakeTeacher()
-    memory = Memory({"store": str(tmp_path / "m.sqlite"), "windows": {"window": 2, "overlap": 1}},
-                    embedder=embedder, extractor=EndpointExtractor(served(fake), concurrency=4))
+    memory = Memory(
+        {"store": str(tmp_path / "m.sqlite"), "windows": {"window": 2, "overlap": 1}},
+        embedder=embedder,
+        extractor=EndpointExtractor(served(fake), concurrency=4),
+    )
     result = memory.add(MESSAGES, user_id="ann", conversation_id="chat-1")
     assert result.windows == 3 and not result.failed and not result.rejected
     # the fake extracts each window's first new turn; pointers come back as the conversation's turn ids
@@ -71,13 +76,18 @@ def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(em
 def test_bad_windows_cost_only_themselves(embedder):
     first_new = {"overlap": "t2 user: I work as a nurse", "nonjson": "t2 assistant: That sounds demanding"}
     fake = FakeTeacher({first_new["overlap"]: ["overlap"], first_new["nonjson"]: ["nonjson"]})
-    memory = Memory({"store": ":memory:", "windows": {"window": 2, "overlap": 1}}, embedder=embedder,
-                    extractor=EndpointExtractor(served(fake), concurrency=4))
+    memory = Memory(
+        {"store": ":memory:", "windows": {"window": 2, "overlap": 1}},
+        embedder=embedder,
+        extractor=EndpointExtractor(served(fake), concurrency=4),
+    )
     result = memory.add(MESSAGES, user_id="ann")
     assert [r["source_turns"] for r in memory.store.records("ann")] == [["S1:1"]]
     assert all(r.startswith(f"{result.conversation_id}/w0001: memories[0]") for r in result.rejected)
     assert any("[source_turns_overlap]" in r for r in result.rejected)
-    assert list(result.failed) == [f"{result.conversation_id}/w0002"] and "not JSON" in next(iter(result.failed.values()))
+    assert list(result.failed) == [f"{result.conversation_id}/w0002"] and "not JSON" in next(
+        iter(result.failed.values())
+    )
     assert memory.stats["rejected_memories"] == 1 and memory.stats["failed_windows"] == 1
 
 
@@ -95,9 +105,11 @@ def test_model_client_doubles_a_truncated_budget_and_reports_what_failed():
     assert [b["max_tokens"] for b in fake.bodies] == [100, 200]
     with pytest.raises(ModelError, match="still cut off at max_tokens=400"):
         served(FakeTeacher({"t1 user": ["truncated"]}), max_tokens=100, max_tokens_cap=400).json(
-            "extract", extract_messages(window))
-    refusing = ModelClient(ModelConfig(base_url="http://fake.test/v1", model="m", max_retries=0),
-                           http_client=_status_client(401))
+            "extract", extract_messages(window)
+        )
+    refusing = ModelClient(
+        ModelConfig(base_url="http://fake.test/v1", model="m", max_retries=0), http_client=_status_client(401)
+    )
     with pytest.raises(FatalModelError, match="\\(401\\)"):
         refusing.json("extract", [])
     with pytest.raises(ModelError, match="^http://127.0.0.1:9/v1: .*attempts"):  # says where and how often
@@ -107,8 +119,11 @@ def test_model_client_doubles_a_truncated_budget_and_reports_what_failed():
 def _status_client(status: int):
     import httpx2
 
-    return httpx2.Client(transport=httpx2.MockTransport(
-        lambda request: httpx2.Response(status, json={"error": {"message": "bad key", "type": "auth"}})))
+    return httpx2.Client(
+        transport=httpx2.MockTransport(
+            lambda request: httpx2.Response(status, json={"error": {"message": "bad key", "type": "auth"}})
+        )
+    )
 
 
 def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_down():
@@ -117,28 +132,55 @@ def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_d
     assert parser.stats == {"unavailable": 1}
     up = ModelQueryParser(served(FakeTeacher()))
     assert up("anything", "2023-06-01")["keywords"] == ["question"] and up.stats == {"model": 1}
-    new = {"source_turns": ["D2:1"], "speaker": "Ann", "content": "Ann lives in Porto.", "type": "fact", "time": None,
-           "location": "Porto", "reason": None, "purpose": None, "keywords": ["Ann", "home"]}
+    new = {
+        "source_turns": ["D2:1"],
+        "speaker": "Ann",
+        "content": "Ann lives in Porto.",
+        "type": "fact",
+        "time": None,
+        "location": "Porto",
+        "reason": None,
+        "purpose": None,
+        "keywords": ["Ann", "home"],
+    }
     old = {**new, "source_turns": ["D1:1"], "content": "Ann lives in Lisbon.", "location": "Lisbon"}
     assert ModelConsolidator(down())(new, old, 0.9)["action"] == "SUPERSEDE"  # the rule for facts
     assert ModelConsolidator(served(FakeTeacher()))(new, old, 0.9) == {"action": "KEEP_BOTH", "memory": None}
 
 
 def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path):
-    run(DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 2, "sessions": 2}, "out": str(tmp_path / "d"),
-                                      "windows": {"window": 10, "overlap": 2, "max_tokens": None}, "teacher": {"kind": "oracle"},
-                                      "tasks": {"parse_query": False, "consolidate": False}}), show_progress=False)
+    run(
+        DatagenConfig.model_validate(
+            {
+                "source": {"format": "toy", "conversations": 2, "sessions": 2},
+                "out": str(tmp_path / "d"),
+                "windows": {"window": 10, "overlap": 2, "max_tokens": None},
+                "teacher": {"kind": "oracle"},
+                "tasks": {"parse_query": False, "consolidate": False},
+            }
+        ),
+        show_progress=False,
+    )
     labels = tmp_path / "d" / "labels.jsonl"
-    expected = {m["id"] for line in labels.read_text().splitlines() if (row := json.loads(line))["conversation_id"] == "toy-0001"
-                for m in row["memories"]}
-    memory = Memory({"store": ":memory:", "windows": {"window": 10, "overlap": 2}}, embedder=embedder,
-                    extractor=ReplayExtractor(labels))
+    expected = {
+        m["id"]
+        for line in labels.read_text().splitlines()
+        if (row := json.loads(line))["conversation_id"] == "toy-0001"
+        for m in row["memories"]
+    }
+    memory = Memory(
+        {"store": ":memory:", "windows": {"window": 10, "overlap": 2}},
+        embedder=embedder,
+        extractor=ReplayExtractor(labels),
+    )
     result = memory.add(generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
     assert not result.failed and not result.rejected
     assert {e["id"] for e in result.events} == expected  # every labelled record, under its labelled id
-    missing = Memory({"store": ":memory:", "windows": {"window": 7, "overlap": 2}}, embedder=embedder,
-                     extractor=ReplayExtractor(labels)).add(
-        generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
+    missing = Memory(
+        {"store": ":memory:", "windows": {"window": 7, "overlap": 2}},
+        embedder=embedder,
+        extractor=ReplayExtractor(labels),
+    ).add(generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
     assert missing.failed and all("no stored answer" in why for why in missing.failed.values())
 
 
@@ -148,7 +190,11 @@ def test_vector_index_follows_appends_removals_and_other_writers(embedder, tmp_p
     a.add(MESSAGES, user_id="ann", conversation_id="c1")
     query = embedder.encode(["beagle puppy"])[0]
     assert a.vectors.search("ann", query, 1)[0][0] == "c1/w0000#m1"
-    b.add([{"role": "user", "content": "My beagle puppy Biscuit chewed my beagle puppy toy."}], user_id="ann", conversation_id="c2")
+    b.add(
+        [{"role": "user", "content": "My beagle puppy Biscuit chewed my beagle puppy toy."}],
+        user_id="ann",
+        conversation_id="c2",
+    )
     chewed = embedder.encode(["the puppy chewed a toy"])[0]
     assert a.vectors.search("ann", chewed, 1)[0][0] == "c2/w0000#m1"  # appended by the other writer
     b.delete("c2/w0000#m1", user_id="ann")
@@ -164,10 +210,27 @@ def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     with store.transaction():
         for i, v in enumerate(vectors):
-            store.insert("u", {"id": f"r{i}", "source_turns": ["t"], "speaker": "A", "content": "x", "type": "fact", "time": None,
-                               "location": None, "reason": None, "purpose": None, "keywords": ["k"]}, v)
+            store.insert(
+                "u",
+                {
+                    "id": f"r{i}",
+                    "source_turns": ["t"],
+                    "speaker": "A",
+                    "content": "x",
+                    "type": "fact",
+                    "time": None,
+                    "location": None,
+                    "reason": None,
+                    "purpose": None,
+                    "keywords": ["k"],
+                },
+                v,
+            )
     exact, ann = VectorIndex(store), VectorIndex(store, ann_min_records=1)
-    overlap = [len({r for r, _ in exact.search("u", q, 10)} & {r for r, _ in ann.search("u", q, 10)}) / 10 for q in vectors[:50]]
+    overlap = [
+        len({r for r, _ in exact.search("u", q, 10)} & {r for r, _ in ann.search("u", q, 10)}) / 10
+        for q in vectors[:50]
+    ]
     assert np.mean(overlap) >= 0.95
     assert exact.search("u", vectors[7], 1)[0][0] == ann.search("u", vectors[7], 1)[0][0] == "r7"
 
@@ -176,22 +239,28 @@ def test_memory_config_builds_the_runtime_and_names_what_is_missing(tmp_path):
     from dimmem.config import ConfigError
 
     config = tmp_path / "m.yaml"
-    config.write_text(f"store: {tmp_path / 'm.sqlite'}\nretrieval: {{depth: 7, weights: {{bm25: 1, dense: 1, dimension: 0.5}}}}\n")
+    config.write_text(
+        f"store: {tmp_path / 'm.sqlite'}\n"
+        "retrieval: {depth: 7, weights: {bm25: 1, dense: 1, dimension: 0.5}}\n"
+    )
     memory = Memory.from_config(config)
     retrieval = memory.config.retrieval
     assert retrieval.depth == 7 and retrieval.weights["dimension"] == 0.5
     assert type(memory.extractor).__name__ == "TurnExtractor"
-    for text, problem in (("extractor: model\n", "needs a `model:` section"),
-                          ("extractor: replay\n", "needs `labels:`"),
-                          ("retrieval: {depth: many}\n", "retrieval.depth"),
-                          ("model: {base_url: x}\n", "missing key 'model.model'"),
-                          ("windows: {window: 4, overlap: 4}\n", "overlap (4) must be smaller"),
-                          ("model: {model: m, constrained: true}\n", "unknown key 'model.constrained'")):
+    for text, problem in (
+        ("extractor: model\n", "needs a `model:` section"),
+        ("extractor: replay\n", "needs `labels:`"),
+        ("retrieval: {depth: many}\n", "retrieval.depth"),
+        ("model: {base_url: x}\n", "missing key 'model.model'"),
+        ("windows: {window: 4, overlap: 4}\n", "overlap (4) must be smaller"),
+        ("model: {model: m, constrained: true}\n", "unknown key 'model.constrained'"),
+    ):
         config.write_text(text)
         with pytest.raises(ConfigError, match=f"^{re.escape(str(config))}: .*{re.escape(problem)}"):
             Memory.from_config(config)
-    config.write_text("extractor: model\nquery_parser: model\n"
-                      "model: {base_url: 'http://127.0.0.1:9/v1', model: m}\n")
+    config.write_text(
+        "extractor: model\nquery_parser: model\nmodel: {base_url: 'http://127.0.0.1:9/v1', model: m}\n"
+    )
     served_memory = Memory.from_config(config, store=":memory:")
     # one client for the model tasks: one rate limit, one usage count
     assert served_memory.extractor.client is served_memory.query_parser.client
@@ -225,8 +294,10 @@ def test_memory_add_command_extracts_a_chat_file_and_search_finds_it(tmp_path, c
     assert main(["add", "--format", "chat_jsonl", "--input", str(chats), "--store", store]) == 0
     out = capsys.readouterr().out
     assert "2 conversations" in out and "0 windows without an answer" in out
-    assert main(["search", "--store", store, "--user", "chat-1", "--k", "1", "where", "does", "Ann",
-                 "live"]) == 0
+    assert (
+        main(["search", "--store", store, "--user", "chat-1", "--k", "1", "where", "does", "Ann", "live"])
+        == 0
+    )
     assert "Lisbon" in capsys.readouterr().out.splitlines()[1]
 
 
@@ -239,9 +310,19 @@ def test_weighted_fusion_and_fitted_weights_on_crafted_rankings():
     assert [rid for rid, _, _ in rrf(paths, {"bm25": 1.0, "dense": 0.0, "dimension": 0.0})] == ["a", "b", "c"]
     assert rrf(paths)[0][2] == {"bm25": {"rank": 2, "score": 2.0}, "dense": {"rank": 1, "score": 0.9}}
     # the evidence is found by the dimension path alone; plain RRF puts the other paths' agreement first
-    samples = [{"conversation": f"c{i}", "evidence": {f"t{i}"}, "sources": {"x": ["t-x"], "y": ["t-y"], "e": [f"t{i}"]},
-                "paths": {"bm25": [("x", 1.0), ("y", 0.5)], "dense": [("x", 1.0), ("y", 0.5)], "dimension": [("e", 1.0)]}}
-               for i in range(4)]
+    samples = [
+        {
+            "conversation": f"c{i}",
+            "evidence": {f"t{i}"},
+            "sources": {"x": ["t-x"], "y": ["t-y"], "e": [f"t{i}"]},
+            "paths": {
+                "bm25": [("x", 1.0), ("y", 0.5)],
+                "dense": [("x", 1.0), ("y", 0.5)],
+                "dimension": [("e", 1.0)],
+            },
+        }
+        for i in range(4)
+    ]
     assert all([rid for rid, _, _ in rrf(s["paths"])][0] == "x" for s in samples)
     weights = fit_weights(samples, [1])
     assert weights["dimension"] > weights["dense"] and weights["dimension"] >= 1.0

@@ -1,10 +1,18 @@
 """Versioned prompt files: every rule the validator checks is stated; the window is rendered faithfully."""
+
 import re
 
 import pytest
-
 from conftest import make_conversation
-from dimmem.contract.prompts import available, consolidate_messages, extract_messages, human_date, load_prompt, parse_query_messages
+
+from dimmem.contract.prompts import (
+    available,
+    consolidate_messages,
+    extract_messages,
+    human_date,
+    load_prompt,
+    parse_query_messages,
+)
 from dimmem.contract.records import TASK_MODELS
 from dimmem.contract.tokens import count_prompt_tokens, render_prompt
 from dimmem.contract.validate import TASK_RULES
@@ -52,9 +60,17 @@ def test_first_window_has_no_context_section():
 
 def test_other_task_prompts_render():
     _, user = parse_query_messages("What did Ann adopt last week?", "2024-01-09T10:00", ["Ann", "Bob"])
-    assert "Reference date: 2024-01-09 (Tuesday) 10:00" in user["content"] and "Participants: Ann, Bob" in user["content"]
-    _, user = consolidate_messages({"content": "Ann moved to Porto."}, {"content": "Ann lives in Lisbon."}, "2024-02", "2023-06")
-    assert "Ann lives in Lisbon" in user["content"].split("New memory")[0] and "(recorded 2024-02)" in user["content"]
+    assert (
+        "Reference date: 2024-01-09 (Tuesday) 10:00" in user["content"]
+        and "Participants: Ann, Bob" in user["content"]
+    )
+    _, user = consolidate_messages(
+        {"content": "Ann moved to Porto."}, {"content": "Ann lives in Lisbon."}, "2024-02", "2023-06"
+    )
+    assert (
+        "Ann lives in Lisbon" in user["content"].split("New memory")[0]
+        and "(recorded 2024-02)" in user["content"]
+    )
 
 
 def test_human_date():
@@ -66,6 +82,8 @@ def test_human_date():
 def test_qwen3_render_has_thinking_disabled_and_counts_tokens(qwen3_tokenizer):
     messages = extract_messages(make_windows(make_conversation(5), 25, 5)[0])
     text = render_prompt(qwen3_tokenizer, messages)
-    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert text.startswith("<|im_start|>system\n") and text.endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     n = count_prompt_tokens(qwen3_tokenizer, messages)
     assert n == len(qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]) and 500 < n < 3000

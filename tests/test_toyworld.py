@@ -1,11 +1,12 @@
 """The toy world is seeded, its truth obeys the contract, and the oracle labels every window validly."""
+
 import json
 
 from data_gen.config import DatagenConfig
 from data_gen.run import run
-from dimmem.contract.toyworld import generate_world
 from dimmem.contract.loaders import conversation_from_messages
 from dimmem.contract.loaders._fields import Record
+from dimmem.contract.toyworld import generate_world
 from dimmem.contract.validate import TurnScope, validate
 
 
@@ -27,7 +28,9 @@ def test_truth_is_valid_and_covers_every_kind():
         superseding += sum(r.supersedes is not None for r in d.records)
         pronoun_facts += sum(len(r.source_turns) == 2 for r in d.records)
         text = " ".join(t.text for t in turns)
-        assert any(word in text for word in ("yesterday", "last week", "last month", "two days ago", "last Friday"))
+        assert any(
+            word in text for word in ("yesterday", "last week", "last month", "two days ago", "last Friday")
+        )
     assert kinds == {"fact", "episodic", "profile"} and superseding > 0 and pronoun_facts > 0
 
 
@@ -46,15 +49,24 @@ def test_relative_times_are_resolved_against_the_session_date():
 
 
 def test_oracle_run_labels_everything_through_the_pipeline(tmp_path):
-    cfg = DatagenConfig.model_validate({
-        "source": {"format": "toy", "conversations": 8}, "out": str(tmp_path),
-        "windows": {"window": 12, "overlap": 3, "max_tokens": None}, "teacher": {"kind": "oracle"}})
+    cfg = DatagenConfig.model_validate(
+        {
+            "source": {"format": "toy", "conversations": 8},
+            "out": str(tmp_path),
+            "windows": {"window": 12, "overlap": 3, "max_tokens": None},
+            "teacher": {"kind": "oracle"},
+        }
+    )
     report = run(cfg, show_progress=False)
     assert report["quarantined"] == 0 and set(report["by_task"]) == {"extract", "parse_query", "consolidate"}
     labels = [json.loads(line) for line in (tmp_path / "labels.jsonl").read_text().splitlines()]
-    supersede = [l for l in labels if l["task"] == "consolidate" and l["value"]["action"] == "SUPERSEDE"]
+    supersede = [
+        label
+        for label in labels
+        if label["task"] == "consolidate" and label["value"]["action"] == "SUPERSEDE"
+    ]
     assert supersede, "moving home should yield a SUPERSEDE pair"
-    extracted = [m for l in labels if l["task"] == "extract" for m in l["memories"]]
+    extracted = [m for label in labels if label["task"] == "extract" for m in label["memories"]]
     world = generate_world(8, seed=0)
     assert len(extracted) == sum(len(d.records) for d in world)  # every truth record, exactly once
     assert all(":" in turn for m in extracted for turn in m["source_turns"])  # pointers are global ids
@@ -63,14 +75,23 @@ def test_oracle_run_labels_everything_through_the_pipeline(tmp_path):
 def test_hf_messages_source(tmp_path):
     from datasets import Dataset
 
-    rows = [{"id": "h1", "messages": [{"role": "user", "content": "I adopted a cat yesterday."},
-                                     {"role": "assistant", "content": "Congratulations!"}]}]
+    rows = [
+        {
+            "id": "h1",
+            "messages": [
+                {"role": "user", "content": "I adopted a cat yesterday."},
+                {"role": "assistant", "content": "Congratulations!"},
+            ],
+        }
+    ]
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "src"))
     conv = conversation_from_messages(rows[0], Record("x", 0), "d")
     assert [t.role for t in conv.turns] == ["user", "assistant"]
     from data_gen.run import load_source
 
-    cfg = DatagenConfig.model_validate({"source": {"format": "hf_messages", "input": str(tmp_path / "src")}, "out": "x"})
+    cfg = DatagenConfig.model_validate(
+        {"source": {"format": "hf_messages", "input": str(tmp_path / "src")}, "out": "x"}
+    )
     [loaded], world = load_source(cfg)
     assert world is None and loaded.id == "h1" and loaded.turns[0].text == "I adopted a cat yesterday."
 
@@ -81,15 +102,28 @@ def test_push_to_hub_sends_dataset_and_card(tmp_path, monkeypatch):
 
     from data_gen.dataset import push_to_hub
 
-    cfg = DatagenConfig.model_validate({"source": {"format": "toy", "conversations": 4}, "out": str(tmp_path),
-                                        "windows": {"window": 12, "overlap": 3, "max_tokens": None},
-                                        "teacher": {"kind": "oracle"}})
+    cfg = DatagenConfig.model_validate(
+        {
+            "source": {"format": "toy", "conversations": 4},
+            "out": str(tmp_path),
+            "windows": {"window": 12, "overlap": 3, "max_tokens": None},
+            "teacher": {"kind": "oracle"},
+        }
+    )
     run(cfg, show_progress=False)
     pushed = {}
-    monkeypatch.setattr(DatasetDict, "push_to_hub", lambda self, repo, private: pushed.update(
-        repo=repo, private=private, splits={k: len(v) for k, v in self.items()}))
-    monkeypatch.setattr(DatasetCard, "push_to_hub", lambda self, repo, repo_type: pushed.update(
-        card_repo=repo, repo_type=repo_type, card=str(self)))
+    monkeypatch.setattr(
+        DatasetDict,
+        "push_to_hub",
+        lambda self, repo, private: pushed.update(
+            repo=repo, private=private, splits={k: len(v) for k, v in self.items()}
+        ),
+    )
+    monkeypatch.setattr(
+        DatasetCard,
+        "push_to_hub",
+        lambda self, repo, repo_type: pushed.update(card_repo=repo, repo_type=repo_type, card=str(self)),
+    )
     push_to_hub(tmp_path, "me/dimmem-toy", private=True)
     assert pushed["repo"] == pushed["card_repo"] == "me/dimmem-toy" and pushed["private"] is True
     assert pushed["repo_type"] == "dataset" and sum(pushed["splits"].values()) > 0

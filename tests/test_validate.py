@@ -1,4 +1,5 @@
 """Every validator rule with a failing and a passing case; issues name memory index, field and rule."""
+
 import json
 
 import pytest
@@ -6,13 +7,24 @@ import pytest
 from dimmem.contract.validate import RULES, TASK_RULES, TurnScope, time_problem, validate
 
 # A window t1..t5: t1-t2 are overlap context, t3-t5 are new.
-SCOPE = TurnScope(speakers={"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob", "t5": "Ann"}, new=frozenset({"t3", "t4", "t5"}))
+SCOPE = TurnScope(
+    speakers={"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob", "t5": "Ann"},
+    new=frozenset({"t3", "t4", "t5"}),
+)
 
 
 def memory(**overrides):
-    base = {"source_turns": ["t3"], "speaker": "Ann", "content": "Ann adopted a cat named Miso on 2024-01-02.",
-            "type": "episodic", "time": "2024-01-02", "location": "Lisbon", "reason": None, "purpose": None,
-            "keywords": ["Ann", "cat", "Miso"]}
+    base = {
+        "source_turns": ["t3"],
+        "speaker": "Ann",
+        "content": "Ann adopted a cat named Miso on 2024-01-02.",
+        "type": "episodic",
+        "time": "2024-01-02",
+        "location": "Lisbon",
+        "reason": None,
+        "purpose": None,
+        "keywords": ["Ann", "cat", "Miso"],
+    }
     return {**base, **overrides}
 
 
@@ -60,11 +72,14 @@ def test_memory_rule(rule, bad, good):
     assert validate("extract", extract(memory(), memory(**good)), SCOPE).ok
 
 
-@pytest.mark.parametrize("text,why", [
-    ("Here are the memories: {}", "not valid JSON"),
-    ('{"memories": [', "not valid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("Here are the memories: {}", "not valid JSON"),
+        ('{"memories": [', "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
 def test_json_rule(text, why):
     result = validate("extract", text, SCOPE)
     assert result.value is None and result.rules_broken() == ["json"] and why in result.report()
@@ -85,7 +100,9 @@ def test_schema_rule_names_missing_and_extra_fields():
 
 
 def test_wrong_types_do_not_crash_semantic_rules():
-    result = validate("extract", extract(memory(source_turns="t3", keywords="cat", time=5, content=None)), SCOPE)
+    result = validate(
+        "extract", extract(memory(source_turns="t3", keywords="cat", time=5, content=None)), SCOPE
+    )
     assert result.rules_broken() == ["schema"]
 
 
@@ -103,16 +120,25 @@ def test_report_is_one_readable_line_per_issue():
 
 
 def query(**overrides):
-    return {"target_types": ["episodic"], "time": None, "location": None, "keywords": ["cat"],
-            "need_assistant_context": False, **overrides}
+    return {
+        "target_types": ["episodic"],
+        "time": None,
+        "location": None,
+        "keywords": ["cat"],
+        "need_assistant_context": False,
+        **overrides,
+    }
 
 
-@pytest.mark.parametrize("rule,bad,good", [
-    ("time_format", {"time": "last week"}, {"time": "2024-01"}),
-    ("keywords_empty", {"keywords": []}, {"keywords": ["Miso"]}),
-    ("keywords_duplicate", {"keywords": ["Miso", "miso"]}, {"keywords": ["Miso"]}),
-    ("schema", {"need_assistant_context": "no"}, {"need_assistant_context": True}),
-])
+@pytest.mark.parametrize(
+    "rule,bad,good",
+    [
+        ("time_format", {"time": "last week"}, {"time": "2024-01"}),
+        ("keywords_empty", {"keywords": []}, {"keywords": ["Miso"]}),
+        ("keywords_duplicate", {"keywords": ["Miso", "miso"]}, {"keywords": ["Miso"]}),
+        ("schema", {"need_assistant_context": "no"}, {"need_assistant_context": True}),
+    ],
+)
 def test_parse_query_rules(rule, bad, good):
     failing = validate("parse_query", query(**bad))
     assert failing.rules_broken() == [rule]
@@ -123,17 +149,27 @@ def test_parse_query_rules(rule, bad, good):
 CONSOLIDATE_SCOPE = TurnScope(speakers={"D1:3": "Ann", "D4:2": "Ann"}, new=frozenset({"D1:3", "D4:2"}))
 
 
-@pytest.mark.parametrize("bad,good", [
-    ({"action": "MERGE", "memory": None}, {"action": "KEEP_BOTH", "memory": None}),
-    ({"action": "KEEP_BOTH", "memory": memory(source_turns=["D1:3"])}, {"action": "SUPERSEDE", "memory": memory(source_turns=["D4:2"])}),
-])
+@pytest.mark.parametrize(
+    "bad,good",
+    [
+        ({"action": "MERGE", "memory": None}, {"action": "KEEP_BOTH", "memory": None}),
+        (
+            {"action": "KEEP_BOTH", "memory": memory(source_turns=["D1:3"])},
+            {"action": "SUPERSEDE", "memory": memory(source_turns=["D4:2"])},
+        ),
+    ],
+)
 def test_consolidate_action_memory_rule(bad, good):
     assert validate("consolidate", bad, CONSOLIDATE_SCOPE).rules_broken() == ["action_memory"]
     assert validate("consolidate", good, CONSOLIDATE_SCOPE).ok
 
 
 def test_consolidated_memory_gets_the_memory_rules():
-    result = validate("consolidate", {"action": "MERGE", "memory": memory(source_turns=["D9:9"], time="soon")}, CONSOLIDATE_SCOPE)
+    result = validate(
+        "consolidate",
+        {"action": "MERGE", "memory": memory(source_turns=["D9:9"], time="soon")},
+        CONSOLIDATE_SCOPE,
+    )
     assert result.rules_broken() == ["source_turns_unknown", "time_format"]
     assert {i.field for i in result.issues} == {"source_turns", "time"}
 
@@ -143,10 +179,22 @@ def test_every_rule_is_used_by_some_task():
     assert used == set(RULES)
 
 
-@pytest.mark.parametrize("value,ok", [
-    ("2023", True), ("2023-05", True), ("2023-05-07", True), ("2023/2024", True), ("2023-05-07/2023-05-07", True),
-    ("23-05-07", False), ("2023-13", False), ("2023-5-7", False), ("2023-05-07/", False), ("2024/2023", False),
-    ("2023/2024/2025", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        ("2023", True),
+        ("2023-05", True),
+        ("2023-05-07", True),
+        ("2023/2024", True),
+        ("2023-05-07/2023-05-07", True),
+        ("23-05-07", False),
+        ("2023-13", False),
+        ("2023-5-7", False),
+        ("2023-05-07/", False),
+        ("2024/2023", False),
+        ("2023/2024/2025", False),
+        ("", False),
+    ],
+)
 def test_time_format(value, ok):
     assert (time_problem(value) is None) == ok

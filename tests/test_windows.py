@@ -1,9 +1,10 @@
 """Overlap-aware windowing: partition, overlap context, token budget, oversized turns."""
+
 from dataclasses import replace
 
 import pytest
-
 from conftest import make_conversation
+
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.prompts import extract_prompt_counter
 from dimmem.contract.windows import check_partition, make_windows
@@ -14,7 +15,9 @@ def chars(window):
     return sum(len(t.text) for t in window.turns)
 
 
-@pytest.mark.parametrize("n,w,o", [(1, 25, 5), (25, 25, 5), (26, 25, 5), (100, 25, 5), (97, 15, 3), (10, 4, 0), (10, 2, 1)])
+@pytest.mark.parametrize(
+    "n,w,o", [(1, 25, 5), (25, 25, 5), (26, 25, 5), (100, 25, 5), (97, 15, 3), (10, 4, 0), (10, 2, 1)]
+)
 def test_new_parts_partition_and_context_precedes(n, w, o):
     conv = make_conversation(n, sessions=3)
     windows = make_windows(conv, w, o)

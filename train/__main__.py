@@ -1,4 +1,5 @@
-"""`python -m train --config configs/train/NAME.yaml [--flag value ...]`, also under `accelerate launch -m train`."""
+"""`python -m train --config configs/train/NAME.yaml [--flag value ...]`, also under
+`accelerate launch -m train`."""
 
 import sys
 

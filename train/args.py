@@ -31,7 +31,10 @@ class DimmemArguments:
     tiny_base: dict | None = field(
         default=None,
         metadata={
-            "help": "build a tiny random Qwen3 at model_name_or_path when missing: train.tiny.build_tiny_base kwargs"
+            "help": (
+                "build a tiny random Qwen3 at model_name_or_path when missing: "
+                "train.tiny.build_tiny_base kwargs"
+            )
         },
     )
     resume: str | None = field(

@@ -38,7 +38,7 @@ def mix_tasks(split: Dataset, weights: dict[str, float], seed: int) -> Dataset:
         return split
     parts = []
     for task, weight in weights.items():
-        rows = split.filter(lambda t: t == task, input_columns="task")
+        rows = split.filter(lambda t, task=task: t == task, input_columns="task")
         whole, fraction = int(weight), weight - int(weight)
         parts += [rows] * whole
         if fraction and len(rows):
@@ -85,7 +85,8 @@ def prepare_split(
         if over and not drop_overlong:
             ids = [split[i].get("window_id", i) for i in over[:5]]
             raise DatasetFormatError(
-                f"{name}: {len(over)} row(s) longer than max_length={max_length} (e.g. {ids}); raise max_length, "
+                f"{name}: {len(over)} row(s) longer than max_length={max_length} (e.g. {ids}); "
+                "raise max_length, "
                 "re-window with a smaller token budget, or set drop_overlong: true"
             )
         if over:

@@ -103,6 +103,14 @@ def model_card(run_config: dict, export_config: dict, run: Path) -> str:
     lines.append("---")
     table = "\n".join(f"| {k} | {v} |" for k, v in {**run_config["sft"], **run_config["model"]}.items())
     metric_rows = "\n".join(f"| {k} | {v} |" for k, v in metrics.items() if isinstance(v, (int, float)))
+    serve_target = "THIS_FOLDER" if merged else base_id
+    lora_flags = "" if merged else "--enable-lora --lora-modules dimmem=THIS_FOLDER "
+    max_model_len = export_config["max_model_len"]
+    evaluation = (
+        ("| metric | value |" + chr(10) + "|---|---|" + chr(10) + metric_rows)
+        if metric_rows
+        else "No evaluation report was found next to the run."
+    )
     return (
         "\n".join(lines)
         + f"""
@@ -121,7 +129,7 @@ general chat model.
 
 ## Serving
 ```bash
-vllm serve {"THIS_FOLDER" if merged else base_id} {"" if merged else "--enable-lora --lora-modules dimmem=THIS_FOLDER "}--max-model-len {export_config["max_model_len"]} \\
+vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
   --default-chat-template-kwargs '{json.dumps(CHAT_TEMPLATE_KWARGS)}'
 ```
 
@@ -133,7 +141,7 @@ vllm serve {"THIS_FOLDER" if merged else base_id} {"" if merged else "--enable-l
 | processes | {run_config.get("world_size")} |
 
 ## Evaluation
-{("| metric | value |" + chr(10) + "|---|---|" + chr(10) + metric_rows) if metric_rows else "No evaluation report was found next to the run."}
+{evaluation}
 """
     )
 

@@ -40,9 +40,11 @@ def check_packing(sft_args: SFTConfig, model_args: ModelConfig) -> None:
     """Packed rows must not attend to each other: that needs a varlen (flash) attention kernel."""
     if sft_args.packing and (model_args.attn_implementation or "") not in PACKING_KERNELS:
         raise TrainConfigError(
-            f"packing: true needs an attention kernel that keeps packed rows apart ({', '.join(PACKING_KERNELS[:2])}); "
-            f"attn_implementation is {model_args.attn_implementation!r}. Set packing: false (rows are then padded per "
-            "batch), or attn_implementation: flash_attention_2 on a GPU with flash-attn installed."
+            "packing: true needs an attention kernel that keeps packed rows apart "
+            f"({', '.join(PACKING_KERNELS[:2])}); "
+            f"attn_implementation is {model_args.attn_implementation!r}. "
+            "Set packing: false (rows are then padded per batch), "
+            "or attn_implementation: flash_attention_2 on a GPU with flash-attn installed."
         )
 
 
@@ -93,7 +95,8 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         tokens = sum(len(ids) for ids in train_set["input_ids"])
         answer = sum(sum(label != -100 for label in labels) for labels in train_set["labels"])
         print(
-            f"train rows {len(train_set)} {task_counts(train_rows)}; tokens {tokens} ({answer / tokens:.1%} carry loss)"
+            f"train rows {len(train_set)} {task_counts(train_rows)}; "
+            f"tokens {tokens} ({answer / tokens:.1%} carry loss)"
         )
         print(
             f"padding efficiency (batch {sft_args.per_device_train_batch_size}): "
@@ -101,7 +104,8 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         )
         if sft_args.max_length:
             print(
-                f"packing efficiency at max_length {sft_args.max_length}: {packing_efficiency(train_set, sft_args.max_length):.1%}"
+                f"packing efficiency at max_length {sft_args.max_length}: "
+                f"{packing_efficiency(train_set, sft_args.max_length):.1%}"
                 f" ({'on' if sft_args.packing else 'off'})"
             )
 

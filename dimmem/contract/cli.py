@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         prompt_version=template.id,
     )
     print(
-        f"{args.format} {Path(args.input).name}: W={cfg.window} O={cfg.overlap} budget={cfg.max_tokens or 'none'} "
-        f"prompt={template.id}"
+        f"{args.format} {Path(args.input).name}: W={cfg.window} O={cfg.overlap} "
+        f"budget={cfg.max_tokens or 'none'} prompt={template.id}"
     )
     print(format_stats(stats))
     print("partition: every turn is new in exactly one window (checked)")

@@ -22,7 +22,8 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(name_or_path)
     except OSError as exc:
         raise OSError(
-            f"could not load tokenizer {name_or_path!r} ({exc}); offline, pass a local folder with --tokenizer"
+            f"could not load tokenizer {name_or_path!r} ({exc}); "
+            "offline, pass a local folder with --tokenizer"
         ) from exc
 
 

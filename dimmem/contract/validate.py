@@ -22,7 +22,10 @@ RULES: dict[str, str] = {
     "schema": "every field is present with the type the schema gives, and no other field",
     "content_empty": "content is a non-empty statement",
     "dimension_blank": "location, reason and purpose are null when unknown, never blank strings",
-    "time_format": "time is null or ISO 8601: YYYY-MM-DD, YYYY-MM, YYYY, or an interval start/end of those with start not after end",
+    "time_format": (
+        "time is null or ISO 8601: YYYY-MM-DD, YYYY-MM, YYYY, "
+        "or an interval start/end of those with start not after end"
+    ),
     "source_turns_empty": "every memory cites at least one source turn",
     "source_turns_unknown": "every cited turn id exists in the input",
     "source_turns_overlap": "cited turns lie in the new part of the window, never in the overlap context",
@@ -60,7 +63,7 @@ class Issue:
     field: str | None = None
 
     def __str__(self) -> str:
-        where = "memories[%d]" % self.index if self.index is not None else ""
+        where = f"memories[{self.index:d}]" if self.index is not None else ""
         if self.field:
             where = f"{where}.{self.field}" if where else self.field
         return f"{where or '<answer>'}: [{self.rule}] {self.message}"

@@ -39,10 +39,12 @@ def format_stats(stats: dict) -> str:
     lines = [
         f"conversations {stats['conversations']}  windows {stats['windows']}  turns {stats['turns']}",
         f"prompt tokens   p50 {pt['p50']}  p95 {pt['p95']}  max {pt['max']}",
-        f"turns/window    mean {tt['mean']}  min {tt['min']}  max {tt['max']}   (new: mean {nt['mean']}  min {nt['min']}  max {nt['max']})",
+        f"turns/window    mean {tt['mean']}  min {tt['min']}  max {tt['max']}   "
+        f"(new: mean {nt['mean']}  min {nt['min']}  max {nt['max']})",
     ]
     if stats["oversized"]:
         lines.append(
-            f"WARNING: {stats['oversized']} window(s) hold a single turn longer than the budget (flagged 'oversized')"
+            f"WARNING: {stats['oversized']} window(s) hold a single turn longer than the budget "
+            "(flagged 'oversized')"
         )
     return "\n".join(lines)

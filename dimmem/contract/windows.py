@@ -92,7 +92,7 @@ def make_windows(
         n_context = min(overlap, start) if index else 0
         n_new = min(window - n_context, len(turns) - start)
 
-        def build(n_ctx: int, n_new: int) -> Window:
+        def build(n_ctx: int, n_new: int, start: int = start, index: int = index) -> Window:
             return Window(
                 conversation.id,
                 index,

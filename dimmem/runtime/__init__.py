@@ -4,13 +4,19 @@
 
 The names load on first use, so importing `dimmem.runtime.cli` stays light.
 """
+
 from __future__ import annotations
 
 from importlib import import_module
 
-_EXPORTS = {"Memory": "dimmem.runtime.memory", "Page": "dimmem.runtime.memory",
-            "AddResult": "dimmem.runtime.memory", "SearchResult": "dimmem.runtime.memory",
-            "MemoryConfig": "dimmem.runtime.config", "label_memories": "dimmem.runtime.labels"}
+_EXPORTS = {
+    "Memory": "dimmem.runtime.memory",
+    "Page": "dimmem.runtime.memory",
+    "AddResult": "dimmem.runtime.memory",
+    "SearchResult": "dimmem.runtime.memory",
+    "MemoryConfig": "dimmem.runtime.config",
+    "label_memories": "dimmem.runtime.labels",
+}
 __all__ = list(_EXPORTS)
 
 

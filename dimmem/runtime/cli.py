@@ -4,6 +4,7 @@ Each command builds the runtime from `--config` (configs/memory/*.yaml), with `-
 `--set KEY=VALUE` (dotted keys, e.g. `--set retrieval.depth=100`) overriding it. Heavy imports (the
 runtime, the embedder) wait for the handler: `dimmem --help` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     def common(p: argparse.ArgumentParser, store_required: bool = False) -> None:
         p.add_argument("--config", default=str(DEFAULT_CONFIG), help="runtime YAML (configs/memory/)")
         p.add_argument("--store", required=store_required, help="SQLite file (overrides the config's)")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key (dotted, e.g. retrieval.depth=100); repeatable")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key (dotted, e.g. retrieval.depth=100); repeatable",
+        )
 
-    add = sub.add_parser("add", help="extract and store conversations (the config's extractor), "
-                                     "each as its own user")
+    add = sub.add_parser(
+        "add", help="extract and store conversations (the config's extractor), each as its own user"
+    )
     common(add)
-    add.add_argument("--format", required=True,
-                     help="a dimmem loader format: locomo, longmemeval, chat_jsonl, memorybank")
+    add.add_argument(
+        "--format", required=True, help="a dimmem loader format: locomo, longmemeval, chat_jsonl, memorybank"
+    )
     add.add_argument("--input", required=True)
     add.add_argument("--user", help="one user for all conversations (default: each conversation's id)")
     add.add_argument("--limit", type=int, help="at most this many conversations")
@@ -60,9 +69,11 @@ def _runtime(args: argparse.Namespace):
 def _print_update_stats(memory) -> None:
     stats = memory.stats
     saved = 1 - stats["embedding_comparisons"] / max(stats["baseline_comparisons"], 1)
-    print(f"{stats['KEEP_BOTH']} kept, {stats['SUPERSEDE']} superseded an older record, "
-          f"{stats['MERGE']} merged; embedding comparisons {stats['embedding_comparisons']} vs "
-          f"{stats['baseline_comparisons']} comparing with every stored record ({saved:.0%} fewer)")
+    print(
+        f"{stats['KEEP_BOTH']} kept, {stats['SUPERSEDE']} superseded an older record, "
+        f"{stats['MERGE']} merged; embedding comparisons {stats['embedding_comparisons']} vs "
+        f"{stats['baseline_comparisons']} comparing with every stored record ({saved:.0%} fewer)"
+    )
 
 
 def run_add(args: argparse.Namespace) -> int:
@@ -70,7 +81,7 @@ def run_add(args: argparse.Namespace) -> int:
 
     from dimmem.contract.loaders import load_conversations
 
-    conversations = load_conversations(args.format, args.input)[:args.limit]
+    conversations = load_conversations(args.format, args.input)[: args.limit]
     memory = _runtime(args)
     stored = 0
     for conv in tqdm(conversations, desc="adding", unit="conv", disable=None):
@@ -78,9 +89,11 @@ def run_add(args: argparse.Namespace) -> int:
         stored += sum(e["action"] != "UNCHANGED" for e in result.events)
         for why in [*result.failed.values(), *result.rejected]:
             print(f"  skipped {why}", file=sys.stderr)
-    print(f"{len(conversations)} conversations, {memory.stats['windows']} windows, {stored} records into "
-          f"{memory.store.path}; {memory.stats['failed_windows']} windows without an answer, "
-          f"{memory.stats['rejected_memories']} memories refused by the validator")
+    print(
+        f"{len(conversations)} conversations, {memory.stats['windows']} windows, {stored} records into "
+        f"{memory.store.path}; {memory.stats['failed_windows']} windows without an answer, "
+        f"{memory.stats['rejected_memories']} memories refused by the validator"
+    )
     _print_update_stats(memory)
     return 0
 

@@ -7,6 +7,7 @@ compact extractor answers all three); `extractor`, `query_parser` and `consolida
 their fallback. The API key is read from the environment variable `api_key_env` names, never from
 the file.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -22,20 +23,23 @@ SQLITE_URL = "sqlite:///"
 class RetrievalConfig(Section):
     depth: int = Field(50, ge=1, description="candidates each path contributes to fusion")
     weights: dict[str, float] | None = Field(None, description="weighted RRF per path; null: plain RRF")
-    ann_min_records: int = Field(200_000, ge=1,
-                                 description="a user's dense search switches from exact to HNSW here")
+    ann_min_records: int = Field(
+        200_000, ge=1, description="a user's dense search switches from exact to HNSW here"
+    )
 
 
 class UpdateConfig(Section):
-    similarity_threshold: float = Field(0.6,
-                                        description="consolidate with the closest candidate from this cosine on")
+    similarity_threshold: float = Field(
+        0.6, description="consolidate with the closest candidate from this cosine on"
+    )
     max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
 
 
 class MemoryConfig(Section):
     store: str = Field("memories.sqlite", description="SQLite file, `sqlite:///path`, or `:memory:`")
-    embedder: str | None = Field(None,
-                                 description="sentence-transformers name or folder; null: all-MiniLM-L6-v2")
+    embedder: str | None = Field(
+        None, description="sentence-transformers name or folder; null: all-MiniLM-L6-v2"
+    )
     model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
     extractor: Literal["model", "replay", "turns"] = "turns"
     labels: str | None = Field(None, description="a data_gen labels.jsonl for the replay extractor")
@@ -49,8 +53,10 @@ class MemoryConfig(Section):
     @classmethod
     def _known_store(cls, value: str) -> str:
         if "://" in value and not value.startswith(SQLITE_URL):
-            raise ValueError(f"{value.split('://')[0]!r} stores are not supported yet: "
-                             f"use a SQLite file path, {SQLITE_URL}PATH or :memory:")
+            raise ValueError(
+                f"{value.split('://')[0]!r} stores are not supported yet: "
+                f"use a SQLite file path, {SQLITE_URL}PATH or :memory:"
+            )
         if value in ("", SQLITE_URL):
             raise ValueError("empty store path")
         return value
@@ -67,7 +73,7 @@ class MemoryConfig(Section):
 
     def store_path(self) -> str:
         """The SQLite file (or ":memory:") the store names."""
-        return self.store[len(SQLITE_URL):] if self.store.startswith(SQLITE_URL) else self.store
+        return self.store[len(SQLITE_URL) :] if self.store.startswith(SQLITE_URL) else self.store
 
     # --- the components (heavy imports stay inside: the CLI imports this module's users lazily) -----
     def client(self):

@@ -1,13 +1,15 @@
 """Consolidation of a new record with its closest stored candidate: MERGE, SUPERSEDE or KEEP_BOTH
 (a `consolidate` answer), decided by rules or by a model with the rules as fallback."""
+
 from __future__ import annotations
 
 from collections import Counter
 
-from dimmem.llm import ModelClient, ModelError
 from dimmem.contract.prompts import consolidate_messages
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.validate import TurnScope, validate
+from dimmem.llm import ModelClient, ModelError
+
 
 def consolidate_rules(new: dict, candidate: dict, similarity: float) -> dict:
     """The rule fallback."""
@@ -24,9 +26,13 @@ def consolidate_rules(new: dict, candidate: dict, similarity: float) -> dict:
 
 def decision_scope(new: dict, candidate: dict) -> TurnScope:
     """The turns a decision's memory may cite: those of the two records."""
-    return TurnScope({**{t: candidate["speaker"] for t in candidate["source_turns"]},
-                      **{t: new["speaker"] for t in new["source_turns"]}},
-                     frozenset(candidate["source_turns"]) | frozenset(new["source_turns"]))
+    return TurnScope(
+        {
+            **{t: candidate["speaker"] for t in candidate["source_turns"]},
+            **{t: new["speaker"] for t in new["source_turns"]},
+        },
+        frozenset(candidate["source_turns"]) | frozenset(new["source_turns"]),
+    )
 
 
 class ModelConsolidator:
@@ -36,8 +42,12 @@ class ModelConsolidator:
         self.client, self.stats = client, Counter()
 
     def __call__(self, new: dict, candidate: dict, similarity: float) -> dict:
-        messages = consolidate_messages({k: new[k] for k in MEMORY_FIELDS}, {k: candidate[k] for k in MEMORY_FIELDS},
-                                        new.get("session_time"), candidate.get("session_time"))
+        messages = consolidate_messages(
+            {k: new[k] for k in MEMORY_FIELDS},
+            {k: candidate[k] for k in MEMORY_FIELDS},
+            new.get("session_time"),
+            candidate.get("session_time"),
+        )
         try:
             decision = self.client.json("consolidate", messages)
             if validate("consolidate", decision, decision_scope(new, candidate)).ok:

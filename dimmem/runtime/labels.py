@@ -1,6 +1,7 @@
 """The records a data_gen `labels.jsonl` holds, ready for `Memory.add_records`: one JSON object per
 line, the `extract` rows carrying their window's memories with conversation turn ids. Bad input is
 one error naming the file and the line."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ def label_memories(path: str | Path) -> dict[str, list[dict]]:
                 continue
             where = f"{path}: line {number}"
             if first and line.lstrip().startswith("["):
-                raise ValueError(f"{where}: a JSON array; expected JSON lines, one object per line "
-                                 "(the labels.jsonl data_gen writes)")
+                raise ValueError(
+                    f"{where}: a JSON array; expected JSON lines, one object per line "
+                    "(the labels.jsonl data_gen writes)"
+                )
             first = False
             try:
                 row = json.loads(line)
@@ -53,7 +56,13 @@ def _records(row: dict, where: str) -> list[dict]:
             raise ValueError(f"{where}: memories[{i}] is a JSON {type(memory).__name__}, expected an object")
         if missing := [key for key in ("id", *MEMORY_FIELDS) if key not in memory]:
             raise ValueError(f"{where}: memories[{i}]: missing key {missing[0]!r}")
-        out.append({**{k: memory[k] for k in MEMORY_FIELDS}, "id": memory["id"],
-                    "session_time": memory.get("session_time"), "conversation_id": row["conversation_id"],
-                    "window_id": row["window_id"]})
+        out.append(
+            {
+                **{k: memory[k] for k in MEMORY_FIELDS},
+                "id": memory["id"],
+                "session_time": memory.get("session_time"),
+                "conversation_id": row["conversation_id"],
+                "window_id": row["window_id"],
+            }
+        )
     return out

@@ -20,6 +20,7 @@ Threads: `extract` may run from many threads at once (its model calls then overl
 everything that touches the store or the embedder takes turns (one SQLite connection), which is how
 the HTTP service calls it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -90,10 +91,15 @@ FILTERS = ("type", "status", "conversation_id", "time")
 
 
 class Memory:
-    def __init__(self, config: MemoryConfig | dict | None = None, *, embedder: Embedder | None = None,
-                 extractor: Extractor | None = None,
-                 query_parser: Callable[[str, str | None], dict] | None = None,
-                 consolidator: Callable[[dict, dict, float], dict] | None = None):
+    def __init__(
+        self,
+        config: MemoryConfig | dict | None = None,
+        *,
+        embedder: Embedder | None = None,
+        extractor: Extractor | None = None,
+        query_parser: Callable[[str, str | None], dict] | None = None,
+        consolidator: Callable[[dict, dict, float], dict] | None = None,
+    ):
         """The runtime `config` describes (every default is `MemoryConfig`'s); the components given here
         replace the configured ones (tests share one embedder, benchmarks pass a scripted extractor)."""
         if config is None:
@@ -101,9 +107,11 @@ class Memory:
         elif isinstance(config, dict):
             config = validate_config(MemoryConfig, config, "memory config")
         elif not isinstance(config, MemoryConfig):
-            raise TypeError(f"Memory(config): expected a MemoryConfig, a dict or None, "
-                            f"got {type(config).__name__} "
-                            "(a YAML file: Memory.from_config(path); a store: Memory({'store': path}))")
+            raise TypeError(
+                f"Memory(config): expected a MemoryConfig, a dict or None, "
+                f"got {type(config).__name__} "
+                "(a YAML file: Memory.from_config(path); a store: Memory({'store': path}))"
+            )
         self.config = config
         given = {"extractor": extractor, "query_parser": query_parser, "consolidator": consolidator}
         client = None  # one client for the 'model' components: one rate limit, one usage count
@@ -120,20 +128,23 @@ class Memory:
         self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
 
     @classmethod
-    def from_config(cls, path: str | Path | None, overrides: Mapping[str, Any] | Iterable[str] = (),
-                    **fields: Any) -> Memory:
+    def from_config(
+        cls, path: str | Path | None, overrides: Mapping[str, Any] | Iterable[str] = (), **fields: Any
+    ) -> Memory:
         """A runtime built from a YAML file (configs/memory/*.yaml), then dotted `overrides`
         ("retrieval.depth=100" or {"retrieval.depth": 100}), then keyword `fields` (None: not given)."""
         return cls(load_config(MemoryConfig, path, overrides, **fields))
 
     # --- writes -------------------------------------------------------------------------------------
-    def add(self, messages: list[dict] | Conversation, *, user_id: str,
-            conversation_id: str | None = None) -> AddResult:
+    def add(
+        self, messages: list[dict] | Conversation, *, user_id: str, conversation_id: str | None = None
+    ) -> AddResult:
         """Extract memories from a conversation (or OpenAI-style messages) and store them for the user."""
         extraction = self.extract(messages, conversation_id)
         events = self.add_records(extraction.records, user_id=user_id, conversation=extraction.conversation)
-        return AddResult(extraction.conversation.id, extraction.windows, events, extraction.rejected,
-                         extraction.failed)
+        return AddResult(
+            extraction.conversation.id, extraction.windows, events, extraction.rejected, extraction.failed
+        )
 
     def extract(self, messages: list[dict] | Conversation, conversation_id: str | None = None) -> Extraction:
         """Windows -> extractor -> validator -> pointers resolved, without storing anything."""
@@ -142,8 +153,9 @@ class Memory:
         else:  # without an id, the same messages added twice are the same conversation
             text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
             digest = "c-" + hashlib.sha256(text.encode()).hexdigest()[:12]
-            conversation = conversation_from_messages({"messages": messages, "id": conversation_id or digest},
-                                                      Record("messages", "request"), digest)
+            conversation = conversation_from_messages(
+                {"messages": messages, "id": conversation_id or digest}, Record("messages", "request"), digest
+            )
         w = self.config.windows
         with self._extract_lock:
             windows = make_windows(conversation, w.window, w.overlap, w.max_tokens, self.count_tokens)
@@ -168,8 +180,14 @@ class Memory:
             self.stats["failed_windows"] += len(failed)
         return Extraction(conversation, len(windows), records, rejected, failed)
 
-    def add_records(self, records: list[dict], *, user_id: str, conversation: Conversation | None = None,
-                    consolidate: bool = True) -> list[dict]:
+    def add_records(
+        self,
+        records: list[dict],
+        *,
+        user_id: str,
+        conversation: Conversation | None = None,
+        consolidate: bool = True,
+    ) -> list[dict]:
         """Store extracted records (source turns as conversation turn ids), consolidating each with its
         closest stored candidate (unless `consolidate=False`: stored as given, e.g. for benchmarks).
         Returns one event per record: {"id", "action", "target"}. A record whose id is already stored
@@ -179,8 +197,9 @@ class Memory:
                 raise ValueError("invalid record: " + "; ".join(map(str, issues)))
         records = [{**r, "id": r.get("id") or _new_id(user_id, r)} for r in records]
         stored = self.store.get_many(user_id, [r["id"] for r in records])
-        unchanged = [{"id": r["id"], "action": "UNCHANGED", "target": None}
-                     for r in records if r["id"] in stored]
+        unchanged = [
+            {"id": r["id"], "action": "UNCHANGED", "target": None} for r in records if r["id"] in stored
+        ]
         records = [r for r in records if r["id"] not in stored]
         if conversation is not None:
             with self.store.transaction():
@@ -191,8 +210,9 @@ class Memory:
                 for record, vector in zip(records, vectors):
                     self.store.insert(user_id, record, vector)
             return unchanged + [{"id": r["id"], "action": "ADD", "target": None} for r in records]
-        return unchanged + [self._add_one(user_id, record, vector)
-                            for record, vector in zip(records, vectors)]
+        return unchanged + [
+            self._add_one(user_id, record, vector) for record, vector in zip(records, vectors)
+        ]
 
     def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
         names = {record["speaker"].casefold()}
@@ -253,8 +273,9 @@ class Memory:
     def get(self, memory_id: str, *, user_id: str) -> dict | None:
         return self.store.get(user_id, memory_id)
 
-    def get_all(self, *, user_id: str, filters: dict | None = None, limit: int = 100,
-                cursor: str | None = None) -> Page:
+    def get_all(
+        self, *, user_id: str, filters: dict | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page:
         """The user's records, oldest first, a page at a time. `filters`: `type`, `status` (default
         "active"; "any": every status), `conversation_id`, `time` (an ISO date, partial date or interval:
         records whose time overlaps it). Pass the page's `next_cursor` back for the next page."""
@@ -273,9 +294,15 @@ class Memory:
         if filters.get("time") is not None:
             start, end = parse_span(str(filters["time"]))
             span = (start.isoformat(), end.isoformat())
-        rows = self.store.page(user_id, type=kind, status=None if status == "any" else status,
-                               conversation_id=filters.get("conversation_id"), span=span,
-                               after=_decode_cursor(cursor), limit=limit + 1)
+        rows = self.store.page(
+            user_id,
+            type=kind,
+            status=None if status == "any" else status,
+            conversation_id=filters.get("conversation_id"),
+            span=span,
+            after=_decode_cursor(cursor),
+            limit=limit + 1,
+        )
         more = len(rows) > limit
         rows = rows[:limit]
         return Page(rows, _encode_cursor(rows[-1]) if more else None)
@@ -283,8 +310,15 @@ class Memory:
     def history(self, memory_id: str, *, user_id: str) -> list[dict]:
         return self.store.history(user_id, memory_id)
 
-    def search(self, query: str, *, user_id: str, k: int = 10, reference_date: str | None = None,
-               parsed: dict | None = None) -> SearchResult:
+    def search(
+        self,
+        query: str,
+        *,
+        user_id: str,
+        k: int = 10,
+        reference_date: str | None = None,
+        parsed: dict | None = None,
+    ) -> SearchResult:
         parsed = parsed or self.query_parser(query, reference_date)
         paths = self.paths(query, user_id, parsed)
         hits = fuse(self.store, user_id, paths, parsed, k, self.config.retrieval.weights)
@@ -294,17 +328,20 @@ class Memory:
             self.stats["assistant_recalls"] += 1
             for hit in hits:
                 if hit.record.get("conversation_id"):
-                    context += self.store.assistant_replies(user_id, hit.record["conversation_id"],
-                                                            hit.record["source_turns"])
+                    context += self.store.assistant_replies(
+                        user_id, hit.record["conversation_id"], hit.record["source_turns"]
+                    )
         return SearchResult(parsed, hits, context)
 
     def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
         """Each retrieval path's ranking on its own: [(record id, score)], best first."""
         vector = self.embedder.encode([query])[0] if query_vector is None else query_vector
         depth = self.config.retrieval.depth
-        return {"bm25": self.store.lexical(user_id, lexical_terms(query), depth),
-                "dense": self.vectors.search(user_id, vector, depth),
-                "dimension": dimension_path(self.store, user_id, parsed, depth)}
+        return {
+            "bm25": self.store.lexical(user_id, lexical_terms(query), depth),
+            "dense": self.vectors.search(user_id, vector, depth),
+            "dimension": dimension_path(self.store, user_id, parsed, depth),
+        }
 
     # --- export / import ----------------------------------------------------------------------------
     def export_jsonl(self, path: str | Path, *, user_id: str) -> int:

@@ -1,29 +1,93 @@
 """Query parsing: by a model (`ModelQueryParser`) or by rules, the fallback when no model is configured:
 time expressions resolved against a reference date, memory types and assistant recall from cue words,
 keywords from content words."""
+
 from __future__ import annotations
 
 import re
 from collections import Counter
 from datetime import date, datetime, timedelta
 
-from dimmem.llm import ModelClient, ModelError
 from dimmem.contract.prompts import parse_query_messages
 from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.validate import validate
+from dimmem.llm import ModelClient, ModelError
 
-MONTHS = {m: i for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
-                                       "september", "october", "november", "december"], start=1)}
-STOPWORDS = set("""a an the and or of to in on at for with by from about into over after before during is are was were be
-been being do does did done have has had i you he she it we they me him her us them my your his its our their what when
-where which who whom why how that this these those there here any some much many did not no yes can could would should
-will shall may might must tell remember know said say says just also than then so as if up out happened last week
-month year ago""".split())
-ASSISTANT_CUES = ("you said", "you told", "you recommended", "you suggested", "you mentioned", "did you", "your answer",
-                  "you gave", "you recommend", "you suggest", "remind me what you")
-PROFILE_CUES = ("like", "likes", "love", "loves", "prefer", "prefers", "favorite", "favourite", "enjoy", "enjoys", "hate",
-                "allergic", "personality", "hobby", "hobbies")
-EPISODIC_CUES = ("when", "did", "went", "happened", "visit", "visited", "last", "yesterday", "ago", "trip", "event")
+MONTHS = {
+    m: i
+    for i, m in enumerate(
+        [
+            "january",
+            "february",
+            "march",
+            "april",
+            "may",
+            "june",
+            "july",
+            "august",
+            "september",
+            "october",
+            "november",
+            "december",
+        ],
+        start=1,
+    )
+}
+# fmt: off
+STOPWORDS = {
+    "a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "for", "with", "by", "from", "about",
+    "into", "over", "after", "before", "during", "is", "are", "was", "were", "be", "been", "being", "do",
+    "does", "did", "done", "have", "has", "had", "i", "you", "he", "she", "it", "we", "they", "me", "him",
+    "her", "us", "them", "my", "your", "his", "its", "our", "their", "what", "when", "where", "which", "who",
+    "whom", "why", "how", "that", "this", "these", "those", "there", "here", "any", "some", "much", "many",
+    "not", "no", "yes", "can", "could", "would", "should", "will", "shall", "may", "might", "must", "tell",
+    "remember", "know", "said", "say", "says", "just", "also", "than", "then", "so", "as", "if", "up", "out",
+    "happened", "last", "week", "month", "year", "ago",
+}
+# fmt: on
+ASSISTANT_CUES = (
+    "you said",
+    "you told",
+    "you recommended",
+    "you suggested",
+    "you mentioned",
+    "did you",
+    "your answer",
+    "you gave",
+    "you recommend",
+    "you suggest",
+    "remind me what you",
+)
+PROFILE_CUES = (
+    "like",
+    "likes",
+    "love",
+    "loves",
+    "prefer",
+    "prefers",
+    "favorite",
+    "favourite",
+    "enjoy",
+    "enjoys",
+    "hate",
+    "allergic",
+    "personality",
+    "hobby",
+    "hobbies",
+)
+EPISODIC_CUES = (
+    "when",
+    "did",
+    "went",
+    "happened",
+    "visit",
+    "visited",
+    "last",
+    "yesterday",
+    "ago",
+    "trip",
+    "event",
+)
 
 
 def _month_span(year: int, month: int) -> str:
@@ -75,11 +139,19 @@ def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
     """A `parse_query` answer (records.QueryParse) built by rules."""
     reference = datetime.fromisoformat(reference_date).date() if reference_date else date.today()
     lowered = question.lower()
-    types = [t for t, cues in (("profile", PROFILE_CUES), ("episodic", EPISODIC_CUES)) if any(re.search(rf"\b{c}\b", lowered) for c in cues)]
+    types = [
+        t
+        for t, cues in (("profile", PROFILE_CUES), ("episodic", EPISODIC_CUES))
+        if any(re.search(rf"\b{c}\b", lowered) for c in cues)
+    ]
     keywords = content_words(question)
-    return {"target_types": types or list(MEMORY_TYPES), "time": parse_time(question, reference), "location": None,
-            "keywords": keywords or [question.strip()[:40] or "memory"],
-            "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES)}
+    return {
+        "target_types": types or list(MEMORY_TYPES),
+        "time": parse_time(question, reference),
+        "location": None,
+        "keywords": keywords or [question.strip()[:40] or "memory"],
+        "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES),
+    }
 
 
 class ModelQueryParser:
@@ -90,7 +162,9 @@ class ModelQueryParser:
 
     def __call__(self, question: str, reference_date: str | None = None) -> dict:
         try:
-            value = self.client.json("parse_query", parse_query_messages(question, reference_date, self.speakers))
+            value = self.client.json(
+                "parse_query", parse_query_messages(question, reference_date, self.speakers)
+            )
             if validate("parse_query", value).ok:
                 self.stats["model"] += 1
                 return value

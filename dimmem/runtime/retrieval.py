@@ -1,14 +1,15 @@
 """Tri-path retrieval: BM25 (FTS5), dense (MiniLM cosine) and dimension match (type, time overlap,
 location, keywords), fused by reciprocal rank fusion. A query that states a time ranks records whose
 time overlaps it above records dated elsewhere; each hit keeps its rank and score on every path."""
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
 from dimmem.contract.records import MEMORY_TYPES
-from dimmem.runtime.store import MemoryStore
 from dimmem.contract.timespan import overlaps, parse_span
+from dimmem.runtime.store import MemoryStore
 
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
 CANDIDATES_PER_DEPTH = 4
@@ -27,7 +28,11 @@ def dimension_score(record: dict, query: dict) -> float:
     score = 0.0
     if record["type"] in query.get("target_types", []):
         score += 0.5
-    if query.get("time") and record.get("time") and overlaps(parse_span(query["time"]), parse_span(record["time"])):
+    if (
+        query.get("time")
+        and record.get("time")
+        and overlaps(parse_span(query["time"]), parse_span(record["time"]))
+    ):
         score += 2.0
     location = (query.get("location") or "").casefold()
     if location and location in (record.get("location") or "").casefold():
@@ -54,7 +59,9 @@ def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) ->
     return sorted(scored, key=lambda x: (-x[1], x[0]))[:depth]
 
 
-def rrf(paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None) -> list[tuple[str, float, dict]]:
+def rrf(
+    paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None
+) -> list[tuple[str, float, dict]]:
     """(Weighted) reciprocal rank fusion: (id, fused score, {path: {rank, score}}), best first."""
     fused: dict[str, list] = {}
     for name, ranked in paths.items():
@@ -63,11 +70,19 @@ def rrf(paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | N
             entry = fused.setdefault(rid, [0.0, {}])
             entry[0] += weight / (RRF_K + rank)
             entry[1][name] = {"rank": rank, "score": round(score, 6)}
-    return sorted(((rid, score, per_path) for rid, (score, per_path) in fused.items()), key=lambda x: (-x[1], x[0]))
+    return sorted(
+        ((rid, score, per_path) for rid, (score, per_path) in fused.items()), key=lambda x: (-x[1], x[0])
+    )
 
 
-def fuse(store: MemoryStore, user_id: str, paths: dict[str, list[tuple[str, float]]], query: dict, k: int,
-         weights: dict[str, float] | None = None) -> list[Hit]:
+def fuse(
+    store: MemoryStore,
+    user_id: str,
+    paths: dict[str, list[tuple[str, float]]],
+    query: dict,
+    k: int,
+    weights: dict[str, float] | None = None,
+) -> list[Hit]:
     fused = rrf(paths, weights)
     records = store.get_many(user_id, [rid for rid, _, _ in fused])
     hits = [Hit(records[rid], score, per_path) for rid, score, per_path in fused if rid in records]

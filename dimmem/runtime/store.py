@@ -2,14 +2,15 @@
 the source turns their pointers resolve to, a keyword index for update candidates, an FTS5 index for
 the lexical path and the dense vectors. Every read and write names one user; none crosses users.
 """
+
 from __future__ import annotations
 
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -28,27 +29,52 @@ MIGRATIONS = [
     CREATE TABLE record_history (
         record_id TEXT NOT NULL, user_id TEXT NOT NULL, version INTEGER NOT NULL, action TEXT NOT NULL,
         snapshot TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user_id, record_id, version));
-    CREATE TABLE record_keywords (record_id TEXT NOT NULL, user_id TEXT NOT NULL, type TEXT NOT NULL, keyword TEXT NOT NULL);
+    CREATE TABLE record_keywords (
+        record_id TEXT NOT NULL, user_id TEXT NOT NULL, type TEXT NOT NULL, keyword TEXT NOT NULL);
     CREATE INDEX record_keywords_lookup ON record_keywords(user_id, type, keyword);
     CREATE TABLE turns (
-        user_id TEXT NOT NULL, conversation_id TEXT NOT NULL, turn_id TEXT NOT NULL, position INTEGER NOT NULL,
-        speaker TEXT NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL, session_time TEXT,
+        user_id TEXT NOT NULL, conversation_id TEXT NOT NULL, turn_id TEXT NOT NULL,
+        position INTEGER NOT NULL, speaker TEXT NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
+        session_time TEXT,
         PRIMARY KEY (user_id, conversation_id, turn_id));
     CREATE INDEX turns_position ON turns(user_id, conversation_id, position);
-    CREATE TABLE vectors (record_id TEXT NOT NULL, user_id TEXT NOT NULL, vec BLOB NOT NULL, PRIMARY KEY (user_id, record_id));
-    CREATE VIRTUAL TABLE records_fts USING fts5(record_id UNINDEXED, user_id UNINDEXED, body, tokenize='porter unicode61');
+    CREATE TABLE vectors (
+        record_id TEXT NOT NULL, user_id TEXT NOT NULL, vec BLOB NOT NULL, PRIMARY KEY (user_id, record_id));
+    CREATE VIRTUAL TABLE records_fts USING fts5(
+        record_id UNINDEXED, user_id UNINDEXED, body, tokenize='porter unicode61');
     """,
-    # Per-user change counters, so in-memory vector indexes (dimmem.runtime.vector_index) know when to refresh:
-    # appended vectors are loaded incrementally (vectors_user keeps a user's rows in rowid order), any
-    # removal triggers a reload. Bumped in the same transaction as the change, by every writer process.
+    # Per-user change counters, so in-memory vector indexes (dimmem.runtime.vector_index) know when to
+    # refresh: appended vectors are loaded incrementally (vectors_user keeps a user's rows in rowid order),
+    # any removal triggers a reload. Bumped in the same transaction as the change, by every writer process.
     """
-    CREATE TABLE vector_state (user_id TEXT PRIMARY KEY, appended INTEGER NOT NULL DEFAULT 0, removed INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE vector_state (
+        user_id TEXT PRIMARY KEY, appended INTEGER NOT NULL DEFAULT 0, removed INTEGER NOT NULL DEFAULT 0);
     CREATE INDEX vectors_user ON vectors(user_id);
     """,
 ]
 
-_COLUMNS = ("id", "user_id", "conversation_id", "window_id", "type", "speaker", "content", "time", "t_start", "t_end",
-            "location", "reason", "purpose", "keywords", "source_turns", "session_time", "created", "updated", "version", "status")
+_COLUMNS = (
+    "id",
+    "user_id",
+    "conversation_id",
+    "window_id",
+    "type",
+    "speaker",
+    "content",
+    "time",
+    "t_start",
+    "t_end",
+    "location",
+    "reason",
+    "purpose",
+    "keywords",
+    "source_turns",
+    "session_time",
+    "created",
+    "updated",
+    "version",
+    "status",
+)
 
 
 class MemoryStore:
@@ -87,21 +113,38 @@ class MemoryStore:
 
     # --- writes (call inside `transaction()`) ------------------------------------------------------
     def put_turns(self, user_id: str, conversation_id: str, turns) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?,?,?)",
-                            [(user_id, conversation_id, t.id, i, t.speaker, t.role, t.text, t.session_time)
-                             for i, t in enumerate(turns)])
+        self.db.executemany(
+            "INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?,?,?)",
+            [
+                (user_id, conversation_id, t.id, i, t.speaker, t.role, t.text, t.session_time)
+                for i, t in enumerate(turns)
+            ],
+        )
 
     def insert(self, user_id: str, record: dict, vector: np.ndarray, action: str = "ADD") -> None:
         now = time.time()
-        row = {**_row(record), "id": record["id"], "user_id": user_id, "conversation_id": record.get("conversation_id"),
-               "window_id": record.get("window_id"), "session_time": record.get("session_time"),
-               "created": now, "updated": now, "version": 1, "status": "active"}
-        self.db.execute(f"INSERT INTO records ({','.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))})",
-                        [row[c] for c in _COLUMNS])
+        row = {
+            **_row(record),
+            "id": record["id"],
+            "user_id": user_id,
+            "conversation_id": record.get("conversation_id"),
+            "window_id": record.get("window_id"),
+            "session_time": record.get("session_time"),
+            "created": now,
+            "updated": now,
+            "version": 1,
+            "status": "active",
+        }
+        self.db.execute(
+            f"INSERT INTO records ({','.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))})",
+            [row[c] for c in _COLUMNS],
+        )
         self._index(user_id, record["id"], record, vector)
         self._snapshot(user_id, record["id"], 1, action, now)
 
-    def revise(self, user_id: str, record_id: str, fields: dict, vector: np.ndarray | None, action: str) -> int:
+    def revise(
+        self, user_id: str, record_id: str, fields: dict, vector: np.ndarray | None, action: str
+    ) -> int:
         """New version of a record; the old one stays in its history."""
         current = self.get(user_id, record_id)
         if current is None:
@@ -109,8 +152,10 @@ class MemoryStore:
         merged = {**current, **fields}
         row, version, now = _row(merged), current["version"] + 1, time.time()
         sets = ",".join(f"{c}=?" for c in row)
-        self.db.execute(f"UPDATE records SET {sets}, version=?, updated=? WHERE id=? AND user_id=?",
-                        [*row.values(), version, now, record_id, user_id])
+        self.db.execute(
+            f"UPDATE records SET {sets}, version=?, updated=? WHERE id=? AND user_id=?",
+            [*row.values(), version, now, record_id, user_id],
+        )
         self._unindex(user_id, record_id)
         if vector is not None:
             self._index(user_id, record_id, merged, vector)
@@ -122,20 +167,42 @@ class MemoryStore:
         if current is None:
             raise KeyError(f"no record {record_id!r} for user {user_id!r}")
         now = time.time()
-        self.db.execute("UPDATE records SET status=?, version=version+1, updated=? WHERE id=? AND user_id=?",
-                        (status, now, record_id, user_id))
+        self.db.execute(
+            "UPDATE records SET status=?, version=version+1, updated=? WHERE id=? AND user_id=?",
+            (status, now, record_id, user_id),
+        )
         self._unindex(user_id, record_id)  # only active records are found
         self._snapshot(user_id, record_id, current["version"] + 1, action, now)
 
     def _index(self, user_id: str, record_id: str, record: dict, vector: np.ndarray) -> None:
-        self.db.executemany("INSERT INTO record_keywords VALUES (?,?,?,?)",
-                            [(record_id, user_id, record["type"], k.casefold()) for k in set(record["keywords"])])
-        body = " ".join(filter(None, [record["content"], " ".join(record["keywords"]), record.get("location"),
-                                      record.get("reason"), record.get("purpose")]))
-        self.db.execute("INSERT INTO records_fts (record_id, user_id, body) VALUES (?,?,?)", (record_id, user_id, body))
-        self.db.execute("INSERT INTO vectors VALUES (?,?,?)", (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()))
-        self.db.execute("INSERT INTO vector_state (user_id, appended) VALUES (?, 1) "
-                        "ON CONFLICT(user_id) DO UPDATE SET appended = appended + 1", (user_id,))
+        self.db.executemany(
+            "INSERT INTO record_keywords VALUES (?,?,?,?)",
+            [(record_id, user_id, record["type"], k.casefold()) for k in set(record["keywords"])],
+        )
+        body = " ".join(
+            filter(
+                None,
+                [
+                    record["content"],
+                    " ".join(record["keywords"]),
+                    record.get("location"),
+                    record.get("reason"),
+                    record.get("purpose"),
+                ],
+            )
+        )
+        self.db.execute(
+            "INSERT INTO records_fts (record_id, user_id, body) VALUES (?,?,?)", (record_id, user_id, body)
+        )
+        self.db.execute(
+            "INSERT INTO vectors VALUES (?,?,?)",
+            (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()),
+        )
+        self.db.execute(
+            "INSERT INTO vector_state (user_id, appended) VALUES (?, 1) "
+            "ON CONFLICT(user_id) DO UPDATE SET appended = appended + 1",
+            (user_id,),
+        )
 
     def _unindex(self, user_id: str, record_id: str) -> None:
         for table in ("record_keywords", "records_fts", "vectors"):
@@ -144,37 +211,60 @@ class MemoryStore:
 
     def _snapshot(self, user_id: str, record_id: str, version: int, action: str, at: float) -> None:
         snapshot = json.dumps(self.get(user_id, record_id), ensure_ascii=False)
-        self.db.execute("INSERT INTO record_history VALUES (?,?,?,?,?,?)", (record_id, user_id, version, action, snapshot, at))
+        self.db.execute(
+            "INSERT INTO record_history VALUES (?,?,?,?,?,?)",
+            (record_id, user_id, version, action, snapshot, at),
+        )
 
     # --- reads -------------------------------------------------------------------------------------
     def get(self, user_id: str, record_id: str) -> dict | None:
-        row = self.db.execute("SELECT * FROM records WHERE id=? AND user_id=?", (record_id, user_id)).fetchone()
+        row = self.db.execute(
+            "SELECT * FROM records WHERE id=? AND user_id=?", (record_id, user_id)
+        ).fetchone()
         return _record(row) if row else None
 
     def get_many(self, user_id: str, record_ids: list[str]) -> dict[str, dict]:
         """{id: record} for those of the ids the user has."""
         out = {}
         for start in range(0, len(record_ids), 500):  # stay under SQLite's bound-parameter limit
-            chunk = record_ids[start:start + 500]
-            rows = self.db.execute(f"SELECT * FROM records WHERE user_id=? AND id IN ({','.join('?' * len(chunk))})",
-                                   (user_id, *chunk))
+            chunk = record_ids[start : start + 500]
+            rows = self.db.execute(
+                f"SELECT * FROM records WHERE user_id=? AND id IN ({','.join('?' * len(chunk))})",
+                (user_id, *chunk),
+            )
             out.update((r["id"], _record(r)) for r in rows)
         return out
 
     def has_turns(self, user_id: str) -> bool:
         """Whether any conversation turns are stored for the user."""
-        return self.db.execute("SELECT 1 FROM turns WHERE user_id=? LIMIT 1", (user_id,)).fetchone() is not None
+        return (
+            self.db.execute("SELECT 1 FROM turns WHERE user_id=? LIMIT 1", (user_id,)).fetchone() is not None
+        )
 
     def count(self, user_id: str) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM records WHERE user_id=? AND status='active'", (user_id,)).fetchone()[0]
+        return self.db.execute(
+            "SELECT COUNT(*) FROM records WHERE user_id=? AND status='active'", (user_id,)
+        ).fetchone()[0]
 
     def records(self, user_id: str, status: str | None = "active") -> list[dict]:
-        query = "SELECT * FROM records WHERE user_id=?" + (" AND status=?" if status else "") + " ORDER BY created, id"
+        query = (
+            "SELECT * FROM records WHERE user_id=?"
+            + (" AND status=?" if status else "")
+            + " ORDER BY created, id"
+        )
         return [_record(r) for r in self.db.execute(query, (user_id, status) if status else (user_id,))]
 
-    def page(self, user_id: str, *, type: str | None = None, status: str | None = "active",
-             conversation_id: str | None = None, span: tuple[str, str] | None = None,
-             after: tuple[float, str] | None = None, limit: int = 100) -> list[dict]:
+    def page(
+        self,
+        user_id: str,
+        *,
+        type: str | None = None,
+        status: str | None = "active",
+        conversation_id: str | None = None,
+        span: tuple[str, str] | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int = 100,
+    ) -> list[dict]:
         """The user's records ordered by (created, id), those after the keyset `after` (a previous page's
         last (created, id)), filtered by type, status (None: any), conversation and time overlapping the
         day span [start, end] (records without a time never overlap)."""
@@ -189,16 +279,23 @@ class MemoryStore:
         if after is not None:
             where.append("(created>? OR (created=? AND id>?))")
             params += [after[0], after[0], after[1]]
-        rows = self.db.execute(f"SELECT * FROM records WHERE {' AND '.join(where)} ORDER BY created, id LIMIT ?",
-                               (*params, limit))
+        rows = self.db.execute(
+            f"SELECT * FROM records WHERE {' AND '.join(where)} ORDER BY created, id LIMIT ?",
+            (*params, limit),
+        )
         return [_record(r) for r in rows]
 
     def history(self, user_id: str, record_id: str) -> list[dict]:
-        rows = self.db.execute("SELECT version, action, snapshot, at FROM record_history WHERE record_id=? AND user_id=? "
-                               "ORDER BY version", (record_id, user_id))
+        rows = self.db.execute(
+            "SELECT version, action, snapshot, at FROM record_history WHERE record_id=? AND user_id=? "
+            "ORDER BY version",
+            (record_id, user_id),
+        )
         return [{"version": v, "action": a, "at": at, "record": json.loads(s)} for v, a, s, at in rows]
 
-    def candidates(self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1) -> list[str]:
+    def candidates(
+        self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1
+    ) -> list[str]:
         """Active records of the type(s) sharing a keyword, most shared first: an index lookup, never a
         scan of all pairs (`limit` -1: all)."""
         keys = sorted({k.casefold() for k in keywords})
@@ -206,9 +303,12 @@ class MemoryStore:
         if not keys or not types:
             return []
         rows = self.db.execute(
-            f"SELECT record_id, COUNT(*) AS shared FROM record_keywords WHERE user_id=? AND type IN ({','.join('?' * len(types))}) "
-            f"AND keyword IN ({','.join('?' * len(keys))}) GROUP BY record_id ORDER BY shared DESC, record_id LIMIT ?",
-            (user_id, *types, *keys, limit))
+            "SELECT record_id, COUNT(*) AS shared FROM record_keywords "
+            f"WHERE user_id=? AND type IN ({','.join('?' * len(types))}) "
+            f"AND keyword IN ({','.join('?' * len(keys))}) "
+            "GROUP BY record_id ORDER BY shared DESC, record_id LIMIT ?",
+            (user_id, *types, *keys, limit),
+        )
         return [r[0] for r in rows]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
@@ -217,45 +317,66 @@ class MemoryStore:
         if not terms:
             return []
         match = " OR ".join(f'"{t}"' for t in terms)
-        rows = self.db.execute("SELECT record_id, bm25(records_fts) AS score FROM records_fts "
-                               "WHERE records_fts MATCH ? AND user_id=? ORDER BY score LIMIT ?", (match, user_id, k))
+        rows = self.db.execute(
+            "SELECT record_id, bm25(records_fts) AS score FROM records_fts "
+            "WHERE records_fts MATCH ? AND user_id=? ORDER BY score LIMIT ?",
+            (match, user_id, k),
+        )
         return [(r[0], -r[1]) for r in rows]
 
     def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
         """Active records whose time overlaps the day span [start, end], the latest-starting first."""
-        rows = self.db.execute("SELECT id FROM records WHERE user_id=? AND status='active' AND t_start<=? AND t_end>=? "
-                               "ORDER BY t_start DESC, id LIMIT ?", (user_id, end, start, limit))
+        rows = self.db.execute(
+            "SELECT id FROM records WHERE user_id=? AND status='active' AND t_start<=? AND t_end>=? "
+            "ORDER BY t_start DESC, id LIMIT ?",
+            (user_id, end, start, limit),
+        )
         return [r[0] for r in rows]
 
     def vectors(self, user_id: str, record_ids: list[str]) -> tuple[list[str], np.ndarray]:
         """Vectors of the given active records of the user."""
         marks = ",".join("?" * len(record_ids))
-        rows = self.db.execute(f"SELECT record_id, vec FROM vectors WHERE user_id=? AND record_id IN ({marks}) "
-                               "ORDER BY record_id", (user_id, *record_ids)).fetchall()
+        rows = self.db.execute(
+            f"SELECT record_id, vec FROM vectors WHERE user_id=? AND record_id IN ({marks}) "
+            "ORDER BY record_id",
+            (user_id, *record_ids),
+        ).fetchall()
         return [r[0] for r in rows], _matrix(rows, 1)
 
     def vector_state(self, user_id: str) -> tuple[int, int]:
         """(vectors appended, vectors removed) so far for the user: a change stamp for in-memory indexes."""
-        row = self.db.execute("SELECT appended, removed FROM vector_state WHERE user_id=?", (user_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT appended, removed FROM vector_state WHERE user_id=?", (user_id,)
+        ).fetchone()
         return (row[0], row[1]) if row else (0, 0)
 
     def vectors_after(self, user_id: str, rowid: int) -> tuple[list[int], list[str], np.ndarray]:
-        """The user's vectors stored after `rowid` (0: all), in storage order: (rowids, record ids, matrix)."""
-        rows = self.db.execute("SELECT rowid, record_id, vec FROM vectors WHERE user_id=? AND rowid>? ORDER BY rowid",
-                               (user_id, rowid)).fetchall()
+        """The user's vectors stored after `rowid` (0: all), in storage order: (rowids, record ids,
+        matrix)."""
+        rows = self.db.execute(
+            "SELECT rowid, record_id, vec FROM vectors WHERE user_id=? AND rowid>? ORDER BY rowid",
+            (user_id, rowid),
+        ).fetchall()
         return [r[0] for r in rows], [r[1] for r in rows], _matrix(rows, 2)
 
     def assistant_replies(self, user_id: str, conversation_id: str, turn_ids: list[str]) -> list[dict]:
-        """The assistant turns answering the given turns: each up to the next user turn (the pointer's payoff)."""
+        """The assistant turns answering the given turns: each up to the next user turn (the pointer's
+        payoff)."""
         marks = ",".join("?" * len(turn_ids))
-        positions = [r[0] for r in self.db.execute(
-            f"SELECT position FROM turns WHERE user_id=? AND conversation_id=? AND turn_id IN ({marks})",
-            (user_id, conversation_id, *turn_ids))]
+        positions = [
+            r[0]
+            for r in self.db.execute(
+                f"SELECT position FROM turns WHERE user_id=? AND conversation_id=? AND turn_id IN ({marks})",
+                (user_id, conversation_id, *turn_ids),
+            )
+        ]
         if not positions:
             return []
-        rows = self.db.execute("SELECT turn_id, speaker, role, text, session_time FROM turns WHERE user_id=? AND "
-                               "conversation_id=? AND position BETWEEN ? AND ? ORDER BY position",
-                               (user_id, conversation_id, min(positions), max(positions) + 2)).fetchall()
+        rows = self.db.execute(
+            "SELECT turn_id, speaker, role, text, session_time FROM turns WHERE user_id=? AND "
+            "conversation_id=? AND position BETWEEN ? AND ? ORDER BY position",
+            (user_id, conversation_id, min(positions), max(positions) + 2),
+        ).fetchall()
         return [dict(r) for r in rows if r["role"] == "assistant"]
 
 
@@ -268,11 +389,19 @@ def _matrix(rows: list, column: int) -> np.ndarray:
 def _row(record: dict) -> dict:
     """The stored columns of a record's DimMem fields (time also as a day span for interval queries)."""
     span = parse_span(record["time"]) if record.get("time") else None
-    return {"type": record["type"], "speaker": record["speaker"], "content": record["content"], "time": record.get("time"),
-            "t_start": span[0].isoformat() if span else None, "t_end": span[1].isoformat() if span else None,
-            "location": record.get("location"), "reason": record.get("reason"), "purpose": record.get("purpose"),
-            "keywords": json.dumps(record["keywords"], ensure_ascii=False),
-            "source_turns": json.dumps(record["source_turns"], ensure_ascii=False)}
+    return {
+        "type": record["type"],
+        "speaker": record["speaker"],
+        "content": record["content"],
+        "time": record.get("time"),
+        "t_start": span[0].isoformat() if span else None,
+        "t_end": span[1].isoformat() if span else None,
+        "location": record.get("location"),
+        "reason": record.get("reason"),
+        "purpose": record.get("purpose"),
+        "keywords": json.dumps(record["keywords"], ensure_ascii=False),
+        "source_turns": json.dumps(record["source_turns"], ensure_ascii=False),
+    }
 
 
 def _record(row: sqlite3.Row) -> dict:

@@ -8,6 +8,7 @@ new vectors are appended, a removal (update, supersede, merge, delete) reloads t
 Search is exact (one matrix product) below `ann_min_records` and a faiss HNSW graph (inner product on
 unit vectors = cosine) at and above it; BENCHMARKS.md shows where the crossover lies.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,8 +31,14 @@ class _UserVectors:
 
 
 class VectorIndex:
-    def __init__(self, store: MemoryStore, ann_min_records: int = 200_000, hnsw_m: int = 32,
-                 ef_construction: int = 80, ef_search: int = 128):
+    def __init__(
+        self,
+        store: MemoryStore,
+        ann_min_records: int = 200_000,
+        hnsw_m: int = 32,
+        ef_construction: int = 80,
+        ef_search: int = 128,
+    ):
         self.store, self.ann_min = store, ann_min_records
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
         self.users: dict[str, _UserVectors] = {}
@@ -75,7 +82,7 @@ class VectorIndex:
             user.ann = faiss.IndexHNSWFlat(user.matrix.shape[1], self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             user.ann.hnsw.efConstruction = self.ef_construction
         if user.ann_rows < len(user.ids):  # HNSW takes additions; only new rows are inserted
-            user.ann.add(np.ascontiguousarray(user.matrix[user.ann_rows:]))
+            user.ann.add(np.ascontiguousarray(user.matrix[user.ann_rows :]))
             user.ann_rows = len(user.ids)
         user.ann.hnsw.efSearch = max(self.ef_search, depth)
         scores, positions = user.ann.search(query.astype(np.float32).reshape(1, -1), depth)

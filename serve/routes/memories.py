@@ -1,6 +1,7 @@
 """Writing and reading a user's memories: add (extract + store), extract only, list with filters and
 paging, one record, update, delete and its history. Record ids contain "/" and "#"
 (`<conversation>/w0003#m2`): percent-encode them in paths."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -26,47 +27,77 @@ from serve.schemas import (
 router = APIRouter(tags=["memories"])
 
 
-@router.post("/v1/memories", response_model=AddResponse,
-             summary="extract memories from messages and store them for a user")
+@router.post(
+    "/v1/memories",
+    response_model=AddResponse,
+    summary="extract memories from messages and store them for a user",
+)
 def add(body: AddRequest, state: Service, tenant_name: Tenant) -> dict:
     messages = check_messages(state, body.messages)
     memory = state.memory
     # model calls outside the lock: searches go on meanwhile
     extraction = memory.extract(messages, body.conversation_id)
     with state.lock:
-        events = memory.add_records(extraction.records, user_id=scoped(tenant_name, body.user_id),
-                                    conversation=extraction.conversation)
+        events = memory.add_records(
+            extraction.records,
+            user_id=scoped(tenant_name, body.user_id),
+            conversation=extraction.conversation,
+        )
     state.metrics.stored.inc(sum(e["action"] != "UNCHANGED" for e in events))
-    return {"conversation_id": extraction.conversation.id, "windows": extraction.windows, "events": events,
-            "rejected": extraction.rejected, "failed": extraction.failed}
+    return {
+        "conversation_id": extraction.conversation.id,
+        "windows": extraction.windows,
+        "events": events,
+        "rejected": extraction.rejected,
+        "failed": extraction.failed,
+    }
 
 
-@router.post("/v1/extract", response_model=ExtractResponse,
-             summary="extract memories from messages without storing them")
+@router.post(
+    "/v1/extract",
+    response_model=ExtractResponse,
+    summary="extract memories from messages without storing them",
+)
 def extract(body: ExtractRequest, state: Service, _: Tenant) -> dict:
     result = state.memory.extract(check_messages(state, body.messages))
-    return {"conversation_id": result.conversation.id, "windows": result.windows, "memories": result.records,
-            "rejected": result.rejected, "failed": result.failed}
+    return {
+        "conversation_id": result.conversation.id,
+        "windows": result.windows,
+        "memories": result.records,
+        "rejected": result.rejected,
+        "failed": result.failed,
+    }
 
 
-@router.get("/v1/memories", response_model=MemoryPage,
-            summary="a user's memories, oldest first, a page at a time "
-                    "(filters: type, status, conversation, time)")
+@router.get(
+    "/v1/memories",
+    response_model=MemoryPage,
+    summary="a user's memories, oldest first, a page at a time (filters: type, status, conversation, time)",
+)
 def list_memories(
-    state: Service, tenant_name: Tenant, user_id: Annotated[UserId, Query()],
+    state: Service,
+    tenant_name: Tenant,
+    user_id: Annotated[UserId, Query()],
     type: Annotated[MemoryType | None, Query()] = None,
     status: Annotated[Status | Literal["any"], Query(description="'any': every status")] = "active",
     conversation_id: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)] = None,
-    time: Annotated[str | None, Query(max_length=40, description="ISO date, partial date or interval: "
-                                                                 "records whose time overlaps it")] = None,
+    time: Annotated[
+        str | None,
+        Query(
+            max_length=40, description="ISO date, partial date or interval: records whose time overlaps it"
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, description="page size; capped by the service's max_page_size")] = 100,
     cursor: Annotated[str | None, Query(max_length=500, description="a previous page's next_cursor")] = None,
 ) -> dict:
     filters = {"type": type, "status": status, "conversation_id": conversation_id, "time": time}
     with state.lock:
-        page = state.memory.get_all(user_id=scoped(tenant_name, user_id),
-                                    filters={k: v for k, v in filters.items() if v is not None},
-                                    limit=min(limit, state.config.max_page_size), cursor=cursor)
+        page = state.memory.get_all(
+            user_id=scoped(tenant_name, user_id),
+            filters={k: v for k, v in filters.items() if v is not None},
+            limit=min(limit, state.config.max_page_size),
+            cursor=cursor,
+        )
     return {"memories": [public(r, user_id) for r in page.memories], "next_cursor": page.next_cursor}
 
 
@@ -77,8 +108,11 @@ def get(record_id: str, user_id: Annotated[UserId, Query()], state: Service, ten
     return public(found(record, record_id), user_id)
 
 
-@router.patch("/v1/memories/{record_id:path}", response_model=StoredMemory,
-              summary="change fields of a memory (the old version stays in its history)")
+@router.patch(
+    "/v1/memories/{record_id:path}",
+    response_model=StoredMemory,
+    summary="change fields of a memory (the old version stays in its history)",
+)
 def update(record_id: str, body: UpdateRequest, state: Service, tenant_name: Tenant) -> dict:
     fields = body.model_dump(exclude_unset=True, exclude={"user_id"})
     if not fields:
@@ -89,10 +123,15 @@ def update(record_id: str, body: UpdateRequest, state: Service, tenant_name: Ten
         return public(state.memory.update(record_id, user_id=user, **fields), body.user_id)
 
 
-@router.delete("/v1/memories/{record_id:path}", status_code=204, response_model=None,
-               summary="delete a memory (kept in its history)")
-def delete(record_id: str, user_id: Annotated[UserId, Query()], state: Service,
-           tenant_name: Tenant) -> Response:
+@router.delete(
+    "/v1/memories/{record_id:path}",
+    status_code=204,
+    response_model=None,
+    summary="delete a memory (kept in its history)",
+)
+def delete(
+    record_id: str, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
+) -> Response:
     user = scoped(tenant_name, user_id)
     with state.lock:
         record = found(state.memory.get(record_id, user_id=user), record_id)
@@ -101,10 +140,14 @@ def delete(record_id: str, user_id: Annotated[UserId, Query()], state: Service,
     return Response(status_code=204)
 
 
-@router.get("/v1/history/{record_id:path}", response_model=list[HistoryEntry],
-            summary="every version of a memory, oldest first")
-def history(record_id: str, user_id: Annotated[UserId, Query()], state: Service,
-            tenant_name: Tenant) -> list[dict]:
+@router.get(
+    "/v1/history/{record_id:path}",
+    response_model=list[HistoryEntry],
+    summary="every version of a memory, oldest first",
+)
+def history(
+    record_id: str, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
+) -> list[dict]:
     user = scoped(tenant_name, user_id)
     with state.lock:
         found(state.memory.get(record_id, user_id=user), record_id)

@@ -1,4 +1,5 @@
 """Operating the service: liveness (no key) and Prometheus metrics (any tenant's key)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter

@@ -1,4 +1,5 @@
-"""Dialogue loaders: each turns one input format into `Conversation`s, or fails naming file, record and field."""
+"""Dialogue loaders: each turns one input format into `Conversation`s, or fails naming file, record and
+field."""
 
 from __future__ import annotations
 

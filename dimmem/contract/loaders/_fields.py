@@ -44,9 +44,7 @@ class Record:
         """Parse a timestamp into ISO 8601 (minutes, or a bare date when no clock time is given)."""
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return (
-                datetime.fromtimestamp(raw, tz=UTC)
-                .replace(tzinfo=None)
-                .isoformat(timespec="minutes")
+                datetime.fromtimestamp(raw, tz=UTC).replace(tzinfo=None).isoformat(timespec="minutes")
             )  # epoch: UTC
         if isinstance(raw, str):
             text = raw.strip()

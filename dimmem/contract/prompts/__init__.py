@@ -86,7 +86,8 @@ def human_date(iso: str | None) -> str:
 
 
 def extract_messages(window, template: PromptTemplate | None = None) -> list[dict]:
-    """The extract prompt of a window: context turns shown for reference, new turns marked, session dates given."""
+    """The extract prompt of a window: context turns shown for reference, new turns marked, session dates
+    given."""
     template = template or load_prompt("extract")
     local = iter(window.local_ids)
     rows = [(turn, next(local)) for turn in window.turns]
