@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="configs/datagen/NAME.yaml")
+    p.add_argument("--config", help="configs/datagen/NAME.yaml (required, except with --push-only)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -35,20 +36,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retry-quarantined", action="store_true", default=None, help="send quarantined jobs again"
     )
-    p.add_argument("--push-to-hub", metavar="REPO", help="push dataset and card to this Hub dataset repo")
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        help="push dataset and card to this Hub dataset repo; if the push fails (no network, no or a "
+        "rejected token) the outputs stay complete, the command exits 2 and prints the --push-only command",
+    )
+    p.add_argument(
+        "--push-only",
+        metavar="FOLDER",
+        help="push a finished datagen output folder to --push-to-hub REPO, without labeling again",
+    )
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     from data_gen.config import FLAGS, DatagenConfig
-    from data_gen.dataset import push_to_hub
     from data_gen.run import run as run_datagen
-    from dimmem.config import load_config, parse_overrides
+    from dimmem.config import ConfigError, load_config
     from dimmem.llm import FatalModelError
+    from dimmem.paths import dataset_folder
 
+    if args.push_only:
+        if not args.push_to_hub or args.config:
+            raise ConfigError("--push-only FOLDER takes --push-to-hub REPO (and no --config)")
+        folder = Path(args.push_only)
+        dataset_folder(folder)  # a datagen output, or FileNotFoundError naming the folder
+        print(f"pushed to {push_checked(folder, args)}")
+        return 0
+    if not args.config:
+        raise ConfigError("--config is required (or --push-only FOLDER --push-to-hub REPO)")
+    if args.push_to_hub:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:  # a bad name fails before labeling, not after it
+            validate_repo_id(args.push_to_hub)
+        except HFValidationError as exc:
+            raise ConfigError(f"--push-to-hub {args.push_to_hub}: {exc}") from None
     flags = {key: getattr(args, flag) for flag, key in FLAGS.items()}
-    cfg = load_config(DatagenConfig, args.config, {**parse_overrides(args.overrides), **flags})
+    cfg = load_config(DatagenConfig, args.config, args.overrides, flags=flags)
     try:
         report = run_datagen(cfg, show_progress=not args.quiet)
     except FatalModelError as exc:
@@ -59,11 +86,25 @@ def run(args: argparse.Namespace) -> int:
         return 3
     print(json.dumps(report, indent=2))
     if args.push_to_hub:
-        from pathlib import Path
-
-        push_to_hub(Path(cfg.out), args.push_to_hub, args.private)
-        print(f"pushed to https://huggingface.co/datasets/{args.push_to_hub}")
+        print(f"pushed to {push_checked(Path(cfg.out), args)}")
     return 0
+
+
+def push_checked(folder: Path, args: argparse.Namespace) -> str:
+    """The dataset and card pushed, or one line that gives the command to push this folder later."""
+    import shlex
+
+    from data_gen.dataset import push_to_hub
+    from dimmem.errors import hub_push
+
+    def push() -> str:
+        push_to_hub(folder, args.push_to_hub, args.private)
+        return f"https://huggingface.co/datasets/{args.push_to_hub}"
+
+    retry = (
+        f"dimmem datagen --push-only {shlex.quote(str(folder.resolve()))} --push-to-hub {args.push_to_hub}"
+    )
+    return hub_push(push, folder.resolve(), retry + (" --private" if args.private else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

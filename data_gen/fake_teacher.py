@@ -7,7 +7,11 @@ can be scripted to misbehave for requests whose user message contains a marker:
 one succeed. Behaviours: ok, 429, 500, timeout, nonjson, schema, overlap, truncated. It also implements
 the Batch API endpoints (files, batches) over the same logic.
 
-    python -m data_gen.fake_teacher --port 8011 --latency 0.05 [--script faults.json]
+With `max_model_len` it is a server with a small context, as vLLM is: a request whose `max_tokens`, or
+prompt plus `max_tokens`, exceeds it gets vLLM's own 400 messages (prompt tokens counted as characters
+/ 4, as in `usage`), and `/v1/models` reports it.
+
+    python -m data_gen.fake_teacher --port 8011 --latency 0.05 [--script faults.json] [--max-model-len N]
 """
 
 from __future__ import annotations
@@ -35,9 +39,14 @@ _NEW_TURN = re.compile(r"^(t\d+) (\S+): (.+)$", re.MULTILINE)
 
 class FakeTeacher:
     def __init__(
-        self, script: dict[str, list[str]] | None = None, latency: float = 0.0, timeout_sleep: float = 30.0
+        self,
+        script: dict[str, list[str]] | None = None,
+        latency: float = 0.0,
+        timeout_sleep: float = 30.0,
+        max_model_len: int | None = None,
     ):
         self.script = script or {}
+        self.max_model_len = max_model_len
         self.latency, self.timeout_sleep = latency, timeout_sleep
         self.seen: dict[str, int] = defaultdict(int)
         self.requests = 0
@@ -50,6 +59,8 @@ class FakeTeacher:
         text = body["messages"][1]["content"] if len(body["messages"]) > 1 else ""
         with self.lock:
             self.requests += 1
+            if self.context_error(body) is not None:  # refused before generation: the script waits
+                return "context_length"
             for marker, sequence in self.script.items():
                 if marker in text:
                     n = self.seen[marker]
@@ -57,8 +68,37 @@ class FakeTeacher:
                     return sequence[min(n, len(sequence) - 1)]
         return "ok"
 
+    @staticmethod
+    def prompt_tokens(body: dict) -> int:
+        return sum(len(m["content"]) for m in body["messages"]) // 4
+
+    def context_error(self, body: dict) -> str | None:
+        """vLLM's 400 message when the request does not fit `max_model_len`, else None."""
+        limit = self.max_model_len
+        if limit is None:
+            return None
+        prompt, budget = self.prompt_tokens(body), body.get("max_tokens") or 16
+        if budget > limit:
+            return (
+                f"max_tokens={budget} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens."
+            )
+        if prompt + budget > limit:
+            return (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt + budget} tokens ({prompt} in the messages, {budget} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+        return None
+
     def respond(self, body: dict, behaviour: str) -> tuple[int, dict, dict]:
         """(status, headers, JSON body) for one chat-completions request."""
+        if (message := self.context_error(body)) is not None:
+            return (
+                400,
+                {},
+                {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}},
+            )
         if behaviour == "429":
             return (
                 429,
@@ -74,7 +114,7 @@ class FakeTeacher:
         elif behaviour == "truncated":
             content, finish = content[: len(content) // 2], "length"
         usage = {
-            "prompt_tokens": sum(len(m["content"]) for m in body["messages"]) // 4,
+            "prompt_tokens": self.prompt_tokens(body),
             "completion_tokens": len(content) // 4,
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -219,6 +259,13 @@ def create_app(fake: FakeTeacher) -> FastAPI:
     async def get_batch(batch_id: str):
         return fake.batches[batch_id]
 
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": "fake", "object": "model", "owned_by": "fake-teacher"}
+        if fake.max_model_len is not None:
+            card["max_model_len"] = fake.max_model_len
+        return {"object": "list", "data": [card]}
+
     @app.get("/stats")
     async def stats():
         return {"requests": fake.requests}
@@ -236,6 +283,7 @@ class FakeTeacherProcess(Service):
         script_path: str | None = None,
         start_timeout: float = 30.0,
         log: str | None = None,
+        max_model_len: int | None = None,
     ):
         self.port = free_port()
         command = [
@@ -248,6 +296,7 @@ class FakeTeacherProcess(Service):
             str(latency),
         ]
         command += ["--script", str(script_path)] if script_path else []
+        command += ["--max-model-len", str(max_model_len)] if max_model_len else []
         if not log:
             with tempfile.NamedTemporaryFile(prefix="fake-teacher-", suffix=".log", delete=False) as handle:
                 log = handle.name
@@ -283,13 +332,21 @@ def main() -> None:
         "--latency", type=float, default=0.0, help="seconds before each chat completion answers"
     )
     parser.add_argument("--script", help="JSON file mapping a prompt marker to a list of behaviours")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        help="a context this small: requests beyond it get vLLM's 400 (as a small-context vLLM server)",
+    )
     args = parser.parse_args()
     script = None
     if args.script:
         with open(args.script) as handle:
             script = json.load(handle)
     uvicorn.run(
-        create_app(FakeTeacher(script, args.latency)), host=args.host, port=args.port, log_level="warning"
+        create_app(FakeTeacher(script, args.latency, max_model_len=args.max_model_len)),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
     )
 
 

@@ -13,7 +13,7 @@ from data_gen.teacher import Teacher
 from dimmem.cache import digest
 from dimmem.contract.prompts import load_prompt
 from dimmem.contract.validate import validate
-from dimmem.llm import FatalModelError, ModelError
+from dimmem.llm import FatalModelError, ModelError, PromptTooLongError
 
 
 @dataclass
@@ -58,10 +58,10 @@ class Labeler:
             for repair in range(self.repair_rounds + 1):
                 completion = await self.teacher.answer(job, messages, attempt)
                 if completion.finish_reason == "length":
+                    budget = completion.max_tokens or self.max_tokens_cap
+                    limit = "" if budget >= self.max_tokens_cap else " (all the teacher's context leaves)"
                     return Outcome(
-                        job,
-                        "quarantined",
-                        reason=f"truncated: still cut off at max_tokens={self.max_tokens_cap}",
+                        job, "quarantined", reason=f"truncated: still cut off at max_tokens={budget}{limit}"
                     )
                 result = validate(job.task, completion.text, job.scope)
                 if result.ok:
@@ -72,6 +72,8 @@ class Labeler:
                 ]
         except FatalModelError:
             raise  # the endpoint refuses everything: stop the run instead of quarantining every job
+        except PromptTooLongError as exc:
+            return Outcome(job, "quarantined", reason=f"too_long_for_teacher: {exc}")
         except ModelError as exc:
             return Outcome(job, "quarantined", reason=f"request_failed: {exc}")
         return Outcome(

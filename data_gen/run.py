@@ -172,6 +172,7 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
         "cache_hits": usage.cache_hits,
         "retries": usage.retries,
         "truncation_retries": usage.truncation_retries,
+        "context_clamps": usage.context_clamps,  # budgets cut to what the teacher's context leaves
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "cost_usd": round(usage.cost_usd, 6),

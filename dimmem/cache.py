@@ -35,6 +35,7 @@ class Completion:
     output_tokens: int = 0
     seconds: float | None = None  # generation time, when measured
     cached: bool = False  # read from the cache, not generated now
+    max_tokens: int | None = None  # the budget it was asked with (set by ModelClient.complete)
 
 
 def digest(payload) -> str:

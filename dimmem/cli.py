@@ -27,9 +27,17 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line (`dimmem eval extraction: error: ...`) and exit
+    status 2 like every other failure; `--help` shows the usage. Subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the flags of `command` only (the others are listed by name and help)."""
-    parser = argparse.ArgumentParser(prog="dimmem", description="DimMem compact memory extractor pipeline")
+    parser = Parser(prog="dimmem", description="DimMem compact memory extractor pipeline")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

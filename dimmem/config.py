@@ -87,11 +87,9 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
 
 
 def apply_overrides(raw: dict, overrides: Mapping[str, Any], source: str) -> dict:
-    """Set each dotted key in a copy of `raw`; None values (flags not given) are skipped."""
+    """Set each dotted key in a copy of `raw` (a None value sets null: `--set key=null` clears a key)."""
     raw = dict(raw)
     for dotted, value in overrides.items():
-        if value is None:
-            continue
         node = raw
         *parents, leaf = dotted.split(".")
         for i, key in enumerate(parents):
@@ -120,19 +118,27 @@ def load_config(
     model: type[M],
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | Iterable[str] = (),
+    flags: Mapping[str, Any] | None = None,
     **fields: Any,
 ) -> M:
-    """YAML file (optional) -> dotted overrides -> keyword fields -> validated `model`."""
+    """YAML file (optional) -> dotted `overrides` ("key=value" strings or a mapping, `--set`) -> `flags`
+    (dotted key -> value) and keyword `fields` given on the command line, where None means "not given"
+    so an override stands -> validated `model`."""
     raw = read_yaml(path) if path is not None else {}
     source = str(path) if path is not None else model.__name__
     if not isinstance(overrides, Mapping):
         overrides = parse_overrides(overrides)
-    raw = apply_overrides(raw, {**overrides, **fields}, source)
+    given = {key: value for key, value in {**(flags or {}), **fields}.items() if value is not None}
+    raw = apply_overrides(raw, {**overrides, **given}, source)
     return validate_config(model, raw, source)
 
 
 def _problem(error: dict) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "<top level>"
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "value_error":  # a model's own check: its message says it all
+        message = error["msg"].removeprefix("Value error, ")
+        return f"{key}: {message}" if key else message
+    key = key or "<top level>"
     if error["type"] == "extra_forbidden":
         return f"unknown key {key!r}"
     if error["type"] == "missing":

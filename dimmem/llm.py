@@ -9,7 +9,8 @@ policy for everything that goes wrong:
 - an answer cut at `max_tokens` (finish_reason "length", which structured outputs do not prevent) is
   asked again with twice the budget up to `max_tokens_cap`; a budget the endpoint refuses as larger
   than its context is clamped to what fits (the error says the context; the prompt's size comes from
-  the error or an earlier answer), and a prompt that cannot fit at all says so;
+  the error or an earlier answer), the context is remembered so later answers are never re-asked
+  beyond it, and a prompt that cannot fit at all is a `PromptTooLongError` naming both sizes;
 - requests per minute and tokens per minute are held by a token bucket shared by all requests.
 
 Every answer can go through a `ResponseCache`, keyed by the exact request body, so nothing paid for is
@@ -28,7 +29,7 @@ import random
 import re
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import openai
 from pydantic import Field
@@ -52,6 +53,14 @@ class ContextLimitError(ModelError):
     """The endpoint refused a budget larger than its context; `context` and `prompt` tokens when it said."""
 
     def __init__(self, message: str, context: int | None, prompt: int | None):
+        super().__init__(message)
+        self.context, self.prompt = context, prompt
+
+
+class PromptTooLongError(ModelError):
+    """The prompt leaves no room for an answer in the endpoint's context: no budget can fix it."""
+
+    def __init__(self, message: str, context: int, prompt: int | None):
         super().__init__(message)
         self.context, self.prompt = context, prompt
 
@@ -243,6 +252,7 @@ class ModelClient:
         self.usage = Usage()
         self._formats: dict[str, dict] = {}
         self._inflight: dict[str, asyncio.Future] = {}
+        self.context_limit: int | None = None  # the endpoint's context in tokens, once it has said it
 
     @property
     def async_client(self) -> openai.AsyncOpenAI:
@@ -399,17 +409,18 @@ class ModelClient:
         salt=None,
         label: str = "",
     ) -> Completion:
-        """The answer, asked again with a larger budget while it is cut off (up to the cap); the last
-        answer comes back even when still cut off (finish_reason "length"): the caller decides."""
-        budget, last = max_tokens or self.config.max_tokens, None
+        """The answer, asked again with a larger budget while it is cut off (up to the cap, or what the
+        endpoint's context leaves); the last answer comes back even when still cut off (finish_reason
+        "length", `max_tokens` the budget it had): the caller decides."""
+        budget, ceiling, last = max_tokens or self.config.max_tokens, self.config.max_tokens_cap, None
         while True:
             try:
                 completion = self.send(self.body(task, messages, budget, scope), salt, label)
             except ContextLimitError as exc:
-                budget = self._clamp(exc, budget, last)
+                budget = ceiling = self._clamp(exc, budget, last)
                 continue
-            if (bigger := self._next_budget(completion, budget)) is None:
-                return completion
+            if (bigger := self._next_budget(completion, budget, ceiling)) is None:
+                return replace(completion, max_tokens=budget)
             budget, last = bigger, completion
 
     async def acomplete(
@@ -421,35 +432,46 @@ class ModelClient:
         salt=None,
         label: str = "",
     ) -> Completion:
-        budget, last = max_tokens or self.config.max_tokens, None
+        budget, ceiling, last = max_tokens or self.config.max_tokens, self.config.max_tokens_cap, None
         while True:
             try:
                 completion = await self.asend(self.body(task, messages, budget, scope), salt, label)
             except ContextLimitError as exc:
-                budget = self._clamp(exc, budget, last)
+                budget = ceiling = self._clamp(exc, budget, last)
                 continue
-            if (bigger := self._next_budget(completion, budget)) is None:
-                return completion
+            if (bigger := self._next_budget(completion, budget, ceiling)) is None:
+                return replace(completion, max_tokens=budget)
             budget, last = bigger, completion
 
-    def _next_budget(self, completion: Completion, budget: int) -> int | None:
-        if completion.finish_reason != "length" or budget >= self.config.max_tokens_cap:
+    def _next_budget(self, completion: Completion, budget: int, ceiling: int) -> int | None:
+        """Twice the budget for an answer cut off, within the cap and, once the endpoint has said its
+        context, within what that context leaves after this prompt (so no request is sent to be refused);
+        None when there is no larger budget to ask with."""
+        if self.context_limit and completion.input_tokens:
+            ceiling = min(ceiling, self.context_limit - completion.input_tokens)
+        if completion.finish_reason != "length" or budget >= ceiling:
             return None
         self.usage.add(truncation_retries=1)
-        return min(2 * budget, self.config.max_tokens_cap)
+        return min(2 * budget, ceiling)
 
     def _clamp(self, exc: ContextLimitError, budget: int, last: Completion | None) -> int:
-        """The largest budget the endpoint's context leaves, or ModelError when there is none."""
+        """The largest budget the endpoint's context leaves for this prompt, or PromptTooLongError when
+        there is none. The context is remembered: later answers are not re-asked beyond it."""
+        self.context_limit = exc.context
         prompt = exc.prompt or (last.input_tokens if last is not None and last.input_tokens else None)
         if prompt is None:
             fit = exc.context - 1 if budget >= exc.context else budget // 2
         else:
             fit = exc.context - prompt
-        if fit < 1 or fit >= budget:
-            size = f"the prompt is {prompt} tokens" if prompt else "the prompt fills it"
-            raise ModelError(
-                f"does not fit {self.where}'s context of {exc.context} tokens: {size} "
-                f"(shorten the window or serve a longer context)"
+        if fit >= budget:  # by the endpoint's own numbers the budget fitted: nothing to clamp
+            raise ModelError(f"{self.where} refused max_tokens={budget}: {exc}") from None
+        if fit < 1:
+            size = f"the prompt ({prompt} tokens)" if prompt else "the prompt"
+            raise PromptTooLongError(
+                f"{size} does not fit the context of {exc.context} tokens of {self.model!r} at "
+                f"{self.where} (shorten the windows, e.g. windows.max_tokens, or serve a longer context)",
+                exc.context,
+                prompt,
             ) from None
         self.usage.add(context_clamps=1)
         return fit
@@ -464,8 +486,10 @@ class ModelClient:
         for attempt in range(attempts):
             completion = self.complete(task, messages, scope, salt=attempt or None)
             if completion.finish_reason == "length":
+                budget = completion.max_tokens or self.config.max_tokens_cap
+                limit = "the cap" if budget >= self.config.max_tokens_cap else "what the context leaves"
                 raise ModelError(
-                    f"{task}: answer still cut off at max_tokens={self.config.max_tokens_cap} (the cap); "
+                    f"{task}: answer still cut off at max_tokens={budget} ({limit}); "
                     "raise max_tokens_cap or shorten the window"
                 )
             try:

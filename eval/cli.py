@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """`5,10,20` -> [5, 10, 20] (argparse names this function in its message for a bad value)."""
     return [int(part) for part in text.split(",") if part.strip()]
 
 
@@ -27,13 +28,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="eval_command", required=True)
+    sub = parser.add_subparsers(
+        dest="eval_command", required=True, metavar="{retrieval,extraction,qa,compare}"
+    )
     p = sub.add_parser("retrieval", help="LLM-free evidence recall@k and MRR per retrieval path")
     _common(p)
     p.add_argument("--benchmark", choices=["locomo"])
     p.add_argument("--input", help="locomo10.json")
     p.add_argument("--memories", help="turns | observations | a datagen labels.jsonl")
-    p.add_argument("--k", type=_ints, help="comma-separated cut-offs (default 5,10,20)")
+    p.add_argument("--k", type=int_list, help="comma-separated cut-offs (default 5,10,20)")
     p.add_argument("--store", help="SQLite file for the memories (default: in memory)")
     p.add_argument("--out", help="write the results as JSON here")
 
@@ -78,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         q.add_argument(f"--{role}-model")
         q.add_argument(f"--{role}-api-key-env", help="environment variable holding the key")
     q.add_argument("--k", type=int, help="memories retrieved per question (default 10)")
-    q.add_argument("--categories", type=_ints, help="LoCoMo categories, default 1,2,3,4 (5: adversarial)")
+    q.add_argument("--categories", type=int_list, help="LoCoMo categories, default 1,2,3,4 (5: adversarial)")
     q.add_argument("--limit", type=int, help="at most this many questions (smoke runs)")
     q.add_argument("--out", help="run folder (metrics.json, answers.jsonl, cache, store)")
 
@@ -89,12 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_run(args: argparse.Namespace):
     """The subcommand's run config: its YAML (if any), then `--set`, then the flags given."""
-    from dimmem.config import load_config, parse_overrides
+    from dimmem.config import load_config
     from eval.config import FLAGS, ExtractionRun, QARun, RetrievalRun
 
     model = {"extraction": ExtractionRun, "qa": QARun, "retrieval": RetrievalRun}[args.eval_command]
     flags = {key: getattr(args, flag) for flag, key in FLAGS[args.eval_command].items()}
-    return load_config(model, args.config, {**parse_overrides(args.overrides), **flags})
+    return load_config(model, args.config, args.overrides, flags=flags)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -132,6 +132,9 @@ def plot_run(metrics: dict, out: Path) -> None:
 
 def compare(run_a: str | Path, run_b: str | Path) -> str:
     """The side-by-side table of two runs' metrics with B - A."""
+    for run in (run_a, run_b):
+        if not (Path(run) / "metrics.json").is_file():
+            raise FileNotFoundError(f"{run}: not an evaluation run (no metrics.json; dimmem eval writes it)")
     a, b = (json.loads((Path(r) / "metrics.json").read_text()) for r in (run_a, run_b))
     name_a, name_b = Path(run_a).name, Path(run_b).name
     lines = [f"| metric | {name_a} | {name_b} | delta |", "|---|---|---|---|"]

@@ -9,7 +9,7 @@ from dimmem.paths import CONFIG_DIR
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="serve_command", required=True)
+    sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,vllm}")
     api = sub.add_parser("api", help="the HTTP memory service (FastAPI + uvicorn) over the runtime")
     api.add_argument("--config", default=str(CONFIG_DIR / "serve" / "default.yaml"))
     api.add_argument("--host")
@@ -82,16 +82,24 @@ def run_api(args: argparse.Namespace) -> int:
 
         write_openapi(args.openapi)
         return 0
-    import uvicorn
-
     from serve.app import build_app
-    from serve.config import load_serve_config
+    from serve.config import MIN_KEY_CHARS, load_serve_config
+    from serve.server import serve
 
     config = load_serve_config(args.config, args.overrides, host=args.host, port=args.port)
-    app = build_app(config)
+    app = build_app(config)  # refuses missing, empty or shared keys and names, naming the variables
+    for variable in config.weak_keys():
+        print(
+            f"warning: the API key in {variable} is shorter than {MIN_KEY_CHARS} characters", file=sys.stderr
+        )
     tenants = [t.name for t in config.tenants]
-    print(json.dumps({"listening": f"http://{config.host}:{config.port}", "tenants": tenants}))
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    metrics = "operator key" if config.operator_key_env else "off"
+    print(
+        json.dumps(
+            {"listening": f"http://{config.host}:{config.port}", "tenants": tenants, "metrics": metrics}
+        )
+    )
+    serve(app, config)
     return 0
 
 

@@ -1,6 +1,8 @@
 """The memory service's configuration (`configs/serve/*.yaml`), loaded like every other config
 (`dimmem.config.load_config`: YAML, then dotted overrides). API keys never live in the file: each
-tenant names the environment variable that holds its key."""
+tenant names the environment variable that holds its key, and so does the operator (who alone reads
+/metrics). The service refuses to start when two tenants share a name, a variable or a key, or when a
+variable is unset or empty, and says which variables (never the keys)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from dimmem.config import Section, load_config
 
+MIN_KEY_CHARS = 16  # shorter keys are accepted with a warning (serve/cli.py prints it)
+
 
 class Tenant(Section):
-    name: str = Field(min_length=1)
+    name: str = Field(
+        min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.@:\-]+$", description="prefixes its user ids"
+    )
     api_key_env: str = Field(min_length=1)
 
 
@@ -26,21 +32,79 @@ class ServeConfig(Section):
     )
     store: str | None = Field(None, description="overrides the memory config's store")
     tenants: list[Tenant] = Field(min_length=1)
-    max_body_bytes: int = Field(1_048_576, ge=1)
+    operator_key_env: str | None = Field(
+        None,
+        min_length=1,
+        description="the variable holding the operator's key, the only key that reads /metrics "
+        "(tenant keys get 403); null: /metrics is off (404)",
+    )
+    max_body_bytes: int = Field(1_048_576, ge=1, description="larger bodies get 413, also when chunked")
+    max_body_seconds: float = Field(60.0, gt=0, description="a body still arriving after this long gets 408")
+    max_url_bytes: int = Field(8_192, ge=256, description="a longer path + query gets 414")
+    max_header_bytes: int = Field(16_384, ge=1_024, description="headers over this get 431")
     max_messages: int = Field(2_000, ge=1, description="per add/extract request")
     max_k: int = Field(100, ge=1, description="search hits per request, at most")
     max_page_size: int = Field(1_000, ge=1, description="GET /v1/memories: a larger limit is capped to this")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
 
-    def keys(self) -> dict[str, str]:
-        """API key -> tenant name; a tenant whose variable is unset cannot log in (and is named)."""
-        missing = [t.api_key_env for t in self.tenants if not os.environ.get(t.api_key_env)]
+    @field_validator("tenants")
+    @classmethod
+    def _distinct_tenants(cls, tenants: list[Tenant]) -> list[Tenant]:
+        for what, values in (
+            ("names", [t.name for t in tenants]),
+            ("api_key_env variables", [t.api_key_env for t in tenants]),
+        ):
+            if repeated := sorted({v for v in values if values.count(v) > 1}):
+                raise ValueError(f"{what} must be distinct ({', '.join(repeated)} repeated)")
+        return tenants
+
+    @model_validator(mode="after")
+    def _operator_apart(self) -> ServeConfig:
+        if self.operator_key_env in {t.api_key_env for t in self.tenants}:
+            raise ValueError(f"operator_key_env {self.operator_key_env} is also a tenant's api_key_env")
+        return self
+
+    def _variables(self) -> dict[str, str]:
+        """Variable -> who it names ("tenant a", "the operator")."""
+        who = {t.api_key_env: f"tenant {t.name}" for t in self.tenants}
+        if self.operator_key_env:
+            who[self.operator_key_env] = "the operator"
+        return who
+
+    def _read_keys(self) -> dict[str, str]:
+        """Variable -> key, every one set, non-empty, without whitespace and distinct; else ValueError
+        naming the variables (a key itself is never said)."""
+        who = self._variables()
+        missing = [v for v in who if not os.environ.get(v, "").strip()]
         if missing:
             raise ValueError(
-                f"no API key in the environment for {missing}: set them before starting the service"
+                f"no API key in the environment for {', '.join(missing)} (unset or empty): "
+                "set them before starting the service"
             )
-        return {os.environ[t.api_key_env]: t.name for t in self.tenants}
+        keys = {v: os.environ[v] for v in who}
+        if spaced := [v for v, key in keys.items() if any(c.isspace() for c in key)]:
+            raise ValueError(f"the API key in {', '.join(spaced)} contains whitespace: a bearer token cannot")
+        by_key: dict[str, list[str]] = {}
+        for variable, key in keys.items():
+            by_key.setdefault(key, []).append(variable)
+        for variables in by_key.values():
+            if len(variables) > 1:
+                named = " and ".join(f"{v} ({who[v]})" for v in variables)
+                raise ValueError(f"{named} hold the same API key: give each its own")
+        return keys
+
+    def keys(self) -> dict[str, str]:
+        """API key -> tenant name."""
+        keys = self._read_keys()
+        return {keys[t.api_key_env]: t.name for t in self.tenants}
+
+    def operator_key(self) -> str | None:
+        return self._read_keys()[self.operator_key_env] if self.operator_key_env else None
+
+    def weak_keys(self) -> list[str]:
+        """The variables whose key is shorter than MIN_KEY_CHARS (a warning, not a refusal)."""
+        return [v for v, key in self._read_keys().items() if len(key) < MIN_KEY_CHARS]
 
 
 def load_serve_config(

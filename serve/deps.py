@@ -1,20 +1,22 @@
-"""What every route shares, read from `app.state` (set by `serve.app.build_app`): the runtime, its
-lock, the config, the tenant of the request's API key, and the mapping between a tenant's user ids and
-the store's (`<tenant>/<user>`)."""
+"""What every route shares, read from `app.state` (set by `serve.app.build_app`): the runtime (which
+locks its own store), the config, the caller of the request's API key (a tenant, or the operator who
+reads /metrics), and the mapping between a tenant's user ids and the store's (`<tenant>/<user>`)."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dimmem.runtime.memory import Memory
 from serve.config import ServeConfig
-from serve.schemas import Message
+from serve.guard import caller, clip
+from serve.schemas import MAX_RECORD_ID, Message
+
+OPERATOR = "\0operator"  # the operator key's caller: tenant names cannot hold NUL (serve.config)
 
 
 class Metrics:
@@ -37,7 +39,12 @@ class ServiceState:
     memory: Memory
     keys: dict[str, str]  # API key -> tenant name
     metrics: Metrics
-    lock: threading.Lock  # one SQLite connection and one embedder: calls take turns
+    operator_key: str | None = None  # the only key that reads /metrics; None: /metrics is off
+
+    @property
+    def callers(self) -> dict[str, str]:
+        """API key -> tenant name, or OPERATOR."""
+        return {**self.keys, **({self.operator_key: OPERATOR} if self.operator_key else {})}
 
 
 def service(request: Request) -> ServiceState:
@@ -48,13 +55,38 @@ Service = Annotated[ServiceState, Depends(service)]
 _bearer = HTTPBearer(auto_error=False)
 
 
-def tenant(state: Service, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
-    if credentials is None or credentials.credentials not in state.keys:
+def _caller(state: ServiceState, credentials: HTTPAuthorizationCredentials | None) -> str:
+    who = None if credentials is None else caller(f"Bearer {credentials.credentials}", state.callers)
+    if who is None:  # serve.guard has said 401 already; this holds for an app without it
         raise HTTPException(401, "missing or unknown API key", headers={"WWW-Authenticate": "Bearer"})
-    return state.keys[credentials.credentials]
+    return who
+
+
+def tenant(state: Service, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
+    who = _caller(state, credentials)
+    if who == OPERATOR:
+        raise HTTPException(403, "the operator key reads /metrics only; memories need a tenant's key")
+    return who
+
+
+def operator(state: Service, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    who = _caller(state, credentials)
+    if state.operator_key is None:
+        raise HTTPException(404, "metrics are off: set operator_key_env in the service config")
+    if who != OPERATOR:
+        raise HTTPException(403, "/metrics needs the operator key (operator_key_env), not a tenant's")
 
 
 Tenant = Annotated[str, Depends(tenant)]
+Operator = Depends(operator)
+RecordId = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_RECORD_ID,
+        description='percent-encoded ("/" and "#" in ids); longer ones are 422 without a lookup',
+    ),
+]
 
 
 def scoped(tenant_name: str, user_id: str) -> str:
@@ -69,7 +101,7 @@ def public(record: dict, user_id: str) -> dict:
 
 def found(record: dict | None, record_id: str) -> dict:
     if record is None:
-        raise HTTPException(404, f"no memory {record_id!r} for this user")
+        raise HTTPException(404, f"no memory {clip(record_id)!r} for this user")
     return record
 
 

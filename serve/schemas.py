@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dimmem.contract.records import MEMORY_TYPES
 
 NAME_PATTERN = r"^[A-Za-z0-9_.@:\-]+$"
+MAX_RECORD_ID = 512  # a conversation id (<= 200) + "/<window id>#m<n>", with room to spare
 UserId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 MemoryType = Literal[MEMORY_TYPES]  # type: ignore[valid-type]
 Status = Literal["active", "superseded", "merged", "deleted"]
@@ -49,15 +50,28 @@ class SearchRequest(_Body):
     reference_date: date | None = None
 
 
+def _no_null_default(schema: dict) -> None:
+    """Fields that may be omitted but not null: their schema shows no `default: null`."""
+    for prop in schema.get("properties", {}).values():
+        if prop.get("default", ...) is None and "anyOf" not in prop and prop.get("type") != "null":
+            del prop["default"]
+
+
 class UpdateRequest(_Body):
+    """Only the fields given change. `content`, `type` and `keywords` may be omitted but not null;
+    `time`, `location`, `reason` and `purpose` may be null (the dimension is cleared)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_no_null_default)
+
     user_id: UserId
-    content: str | None = Field(default=None, min_length=1, max_length=10_000)
-    type: MemoryType | None = None
+    # a None default is never validated: omitted -> unset; an explicit null is 422, naming the field
+    content: str = Field(default=None, min_length=1, max_length=10_000)
+    type: MemoryType = None
     time: str | None = Field(default=None, max_length=40)
     location: str | None = Field(default=None, max_length=500)
     reason: str | None = Field(default=None, max_length=2_000)
     purpose: str | None = Field(default=None, max_length=2_000)
-    keywords: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=50)
+    keywords: list[Annotated[str, Field(max_length=200)]] = Field(default=None, max_length=50)
 
 
 # --- responses ------------------------------------------------------------------------------------

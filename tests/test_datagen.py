@@ -185,3 +185,71 @@ def test_rate_limiter_pause_holds_everyone():
     limiter = RateLimiter(None, None)
     limiter.pause(0.3)
     assert all(limiter.reserve(1) >= 0.29 for _ in range(5))
+
+
+# ---- a teacher with a smaller context (issue 17, item 10) ------------------------------------------------
+
+
+def _budgets(fake: FakeTeacher, marker: str) -> list[int]:
+    return [b["max_tokens"] for b in fake.bodies if marker in b["messages"][1]["content"]]
+
+
+def test_truncated_answers_are_re_asked_within_the_teachers_context(tmp_path):
+    """vLLM with max_model_len=2048: an answer cut off at 1024 is re-asked with what the context leaves
+    (2048 minus the prompt), not refused at 2048/4096 and quarantined as request_failed; once the
+    endpoint has said its context, later windows are re-asked within it without a refused request."""
+    cfg = toy_config(tmp_path, max_tokens=1024, max_tokens_cap=4096, concurrency=1)
+    first, second = window_marker(cfg, 0, 1), window_marker(cfg, 1, 1)
+    fake = FakeTeacher({first: ["truncated", "ok"], second: ["truncated", "ok"]}, max_model_len=2048)
+    report = run_with(cfg, fake)
+    assert report["quarantined"] == 0 and report["labeled"] == report["windows"]
+    prompt = next(FakeTeacher.prompt_tokens(b) for b in fake.bodies if first in b["messages"][1]["content"])
+    assert _budgets(fake, first) == [1024, 2048, 2048 - prompt]  # the 2048 one was refused (400)
+    prompt = next(FakeTeacher.prompt_tokens(b) for b in fake.bodies if second in b["messages"][1]["content"])
+    assert _budgets(fake, second) == [1024, 2048 - prompt]
+    labels = [json.loads(line) for line in Path(cfg.out, "labels.jsonl").read_text().splitlines()]
+    assert len(labels) == report["windows"]
+
+
+def test_answer_still_cut_off_at_the_context_limit_is_quarantined_as_truncated(tmp_path):
+    cfg = toy_config(tmp_path, max_tokens=1024, max_tokens_cap=4096)
+    marker = window_marker(cfg)
+    fake = FakeTeacher({marker: ["truncated"]}, max_model_len=2048)
+    run_with(cfg, fake)
+    [row] = quarantine(cfg)
+    prompt = next(FakeTeacher.prompt_tokens(b) for b in fake.bodies if marker in b["messages"][1]["content"])
+    assert row["reason"] == (
+        f"truncated: still cut off at max_tokens={2048 - prompt} (all the teacher's context leaves)"
+    )
+    assert 4096 not in _budgets(fake, marker)  # never asked again beyond the context (no loop either)
+
+
+def test_window_that_cannot_fit_the_teachers_context_says_so(tmp_path):
+    cfg = toy_config(tmp_path)
+    fake = FakeTeacher(max_model_len=600)  # every toy prompt is longer than 600 tokens
+    report = run_with(cfg, fake)
+    assert report["quarantined"] == report["windows"] > 0 and report["requests_sent"] == 0
+    for row in quarantine(cfg):
+        reason = row["reason"]
+        assert reason.startswith("too_long_for_teacher: the prompt (") and "request_failed" not in reason
+        assert (
+            "tokens) does not fit the context of 600 tokens of 'teacher-x' at http://fake.test/v1" in reason
+        )
+    assert len(fake.bodies) <= 2 * report["windows"]  # asked at most twice each, never in a loop
+
+
+def test_client_clamps_a_budget_beyond_max_model_len(tmp_path):
+    """Both vLLM messages: `max_tokens=4096 cannot be greater than max_model_len=2048` (no prompt size:
+    asked again just under the context), then the prompt overflow that names the prompt's tokens."""
+    from dimmem.llm import ModelClient, ModelConfig
+
+    fake = FakeTeacher(max_model_len=2048)
+    client = ModelClient(
+        ModelConfig(base_url="http://fake.test/v1", model="m", max_tokens=4096, max_tokens_cap=4096),
+        http_client=mock_client(fake, sync=True),
+    )
+    messages = [{"role": "system", "content": "x" * 400}, {"role": "user", "content": "y" * 400}]
+    completion = client.complete(None, messages)
+    assert completion.finish_reason == "stop" and completion.max_tokens == 2048 - 200
+    assert [b["max_tokens"] for b in fake.bodies] == [4096, 2047, 1848]
+    assert client.context_limit == 2048 and client.usage.context_clamps == 2

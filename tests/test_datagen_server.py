@@ -149,3 +149,42 @@ def test_unreachable_endpoint_quarantines_with_reason(tmp_path):
         in json.loads(line)["reason"]
         for line in lines
     )
+
+
+def test_small_context_server_clamps_and_says_what_cannot_fit(tmp_path):
+    """`python -m data_gen.fake_teacher --max-model-len`: vLLM's 400s over HTTP. Truncated answers are
+    re-asked within the context and label; with a context smaller than the prompts, every window is
+    quarantined saying it does not fit (not request_failed), and the run still finishes."""
+    from data_gen.fake_teacher import FakeTeacherProcess
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"Conversation toy-0001 ": ["truncated", "ok"]}))
+    for context, expect in ((2048, "labeled"), (600, "too_long_for_teacher")):
+        srv = FakeTeacherProcess(script_path=str(script), max_model_len=context)
+        try:
+            run_dir = tmp_path / str(context)
+            run_dir.mkdir()
+            teacher = {
+                "base_url": srv.base_url,
+                "model": "teacher-x",
+                "max_tokens": 1024,
+                "max_tokens_cap": 4096,
+            }
+            config = write_config(
+                run_dir, srv.base_url, teacher=teacher, tasks={"parse_query": False, "consolidate": False}
+            )
+            proc = datagen(config, "--limit", "6")
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            report = json.loads(out)
+            reasons = [json.loads(line)["reason"] for line in (run_dir / "out" / "quarantine.jsonl").open()]
+            if expect == "labeled":
+                assert report["quarantined"] == 0 and report["truncation_retries"] >= 1
+            else:
+                assert report["quarantined"] == report["windows"] == len(reasons) > 0
+                assert all(
+                    r.startswith("too_long_for_teacher: the prompt (") and "context of 600" in r
+                    for r in reasons
+                )
+        finally:
+            srv.stop()

@@ -70,7 +70,7 @@ def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(em
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["temperature"] == 0.0
     assert memory.search("Biscuit the beagle", user_id="ann", k=1).hits[0].record["source_turns"] == ["S1:1"]
     again = memory.add(MESSAGES, user_id="ann", conversation_id="chat-1")  # idempotent: nothing doubles
-    assert {e["action"] for e in again.events} == {"UNCHANGED"} and memory.store.count("ann") == 3
+    assert (again.windows, again.events) == (0, []) and memory.store.count("ann") == 3
 
 
 def test_bad_windows_cost_only_themselves(embedder):
@@ -336,3 +336,92 @@ def test_a_changed_tiny_base_spec_rebuilds_the_base(tmp_path):
     (tmp_path / SPEC_FILE).write_text(json.dumps({**spec, "seed": 0, "num_hidden_layers": 2}))
     assert is_built(tmp_path, 0, **spec)
     assert not is_built(tmp_path, 0, **{**spec, "hidden_size": 128}) and not is_built(tmp_path, 1, **spec)
+
+
+# --- appending to a conversation (issue 17, item 3) ----------------------------------------------------
+
+
+def _turns(memory: Memory, user: str, conversation: str) -> list[tuple[str, str, str]]:
+    return [(t.id, t.role, t.text) for t in memory.store.turns(user, conversation)]
+
+
+def test_adding_turn_by_turn_extracts_each_new_turn_and_never_rewrites_stored_ones(embedder):
+    config = {"store": ":memory:", "windows": {"window": 2, "overlap": 1}}
+    memory = Memory(config, embedder=embedder)
+    results = [memory.add([m], user_id="ann", conversation_id="c1") for m in MESSAGES]  # as mem0 users do
+    assert [r.windows for r in results] == [1, 1, 1, 1]
+    assert [[e["id"] for e in r.events] for r in results] == [["c1/w0000#m1"], [], ["c1/w0002#m1"], []]
+    whole = Memory(config, embedder=embedder)
+    whole.add(MESSAGES, user_id="ann", conversation_id="c1")
+    # the same turns, ids and records as one add of the whole conversation
+    assert _turns(memory, "ann", "c1") == _turns(whole, "ann", "c1")
+    assert [t[0] for t in _turns(memory, "ann", "c1")] == ["S1:1", "S1:2", "S1:3", "S1:4"]
+    pointers = [(r["source_turns"], r["content"]) for r in memory.store.records("ann")]
+    assert pointers == [(r["source_turns"], r["content"]) for r in whole.store.records("ann")]
+    assert [p for p, _ in pointers] == [["S1:1"], ["S1:3"]]
+    # the pointer still resolves to the text the record came from, and recall finds the assistant's reply
+    text = {t[0]: t[2] for t in _turns(memory, "ann", "c1")}
+    assert text["S1:1"] == MESSAGES[0]["content"] and text["S1:3"] == MESSAGES[2]["content"]
+    recalled = memory.search("What did you recommend for my beagle Biscuit?", user_id="ann", k=1)
+    assert recalled.query["need_assistant_context"]
+    assert [c["text"] for c in recalled.assistant_context] == [MESSAGES[1]["content"]]
+
+
+def test_resending_the_whole_history_extracts_only_what_is_new(embedder):
+    memory = Memory({"store": ":memory:", "windows": {"window": 2, "overlap": 1}}, embedder=embedder)
+    first = memory.add(MESSAGES[:2], user_id="ann", conversation_id="c1")
+    second = memory.add(MESSAGES, user_id="ann", conversation_id="c1")  # the client resends everything
+    assert [e["id"] for e in first.events] == ["c1/w0000#m1"]
+    assert second.windows == 2 and [e["id"] for e in second.events] == ["c1/w0001#m1"]  # S1:3 and S1:4
+    assert memory.get("c1/w0001#m1", user_id="ann")["source_turns"] == ["S1:3"]
+    assert [t[2] for t in _turns(memory, "ann", "c1")] == [m["content"] for m in MESSAGES]
+    again = memory.add(MESSAGES, user_id="ann", conversation_id="c1")
+    assert (again.windows, again.events) == (0, []) and memory.store.count("ann") == 2
+    # a new message that happens to repeat an earlier one is a new turn, not a resend
+    repeat = memory.add([MESSAGES[2]], user_id="ann", conversation_id="c1")
+    assert [t[0] for t in _turns(memory, "ann", "c1")][-1] == "S1:5"
+    assert [e["id"] for e in repeat.events] == ["c1/w0003#m1"]  # (merged with the record it repeats)
+
+
+def test_a_client_turn_id_that_names_a_stored_turn_with_other_text_is_refused(embedder):
+    memory = Memory({"store": ":memory:"}, embedder=embedder)
+    memory.add(
+        [{"role": "user", "content": "I live in Oslo.", "id": "m1"}], user_id="ann", conversation_id="c1"
+    )
+    with pytest.raises(ValueError, match="turn 'm1' is stored with other text"):
+        memory.add(
+            [{"role": "user", "content": "I live in Rome.", "id": "m1"}], user_id="ann", conversation_id="c1"
+        )
+    same = memory.add(
+        [{"role": "user", "content": "I live in Oslo.", "id": "m1"}], user_id="ann", conversation_id="c1"
+    )
+    assert same.events == [] and _turns(memory, "ann", "c1") == [("m1", "user", "I live in Oslo.")]
+    memory.add(
+        [{"role": "user", "content": "I moved to Rome.", "id": "m2"}], user_id="ann", conversation_id="c1"
+    )
+    assert [t[0] for t in _turns(memory, "ann", "c1")] == ["m1", "m2"] and memory.store.count("ann") == 2
+    with pytest.raises(ValueError, match="stored with other text"):  # add_records keeps the same rule
+        memory.add_records([], user_id="ann", conversation=_conversation("c1", [("m1", "I live in Bergen.")]))
+
+
+def _conversation(conversation_id: str, turns: list[tuple[str, str]]):
+    from dimmem.contract.conversation import Conversation, Turn
+
+    return Conversation(
+        conversation_id,
+        [Turn(i, "Ann", "participant", text, i.split(":")[0], "2024-01-01") for i, text in turns],
+    )
+
+
+def test_a_longer_conversation_object_continues_the_windows_after_the_stored_ones(embedder):
+    turns = [(f"D1:{i}", f"Ann mentioned topic number {i} today.") for i in range(1, 9)]
+    memory = Memory({"store": ":memory:", "windows": {"window": 3, "overlap": 1}}, embedder=embedder)
+    first = memory.add(_conversation("lc", turns[:4]), user_id="ann")
+    second = memory.add(_conversation("lc", turns), user_id="ann")
+    assert first.windows == 2 and second.windows == 2  # D1:5..D1:8 only, with D1:4 as context
+    ids = [r["id"] for r in memory.store.records("ann", status=None)]
+    assert len(ids) == len(set(ids)) == 8 and {i.split("#")[0] for i in ids} == {
+        f"lc/w000{n}" for n in range(4)
+    }
+    cited = {t for r in memory.store.records("ann", status=None) for t in r["source_turns"]}
+    assert cited == {t for t, _ in turns}  # every turn extracted once, none lost

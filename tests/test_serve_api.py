@@ -18,8 +18,8 @@ from serve.app import build_app
 from serve.config import ServeConfig, Tenant
 from serve.openapi import CHECKED_IN, openapi_document
 
-KEYS = {"DIMMEM_TEST_KEY_A": "key-a", "DIMMEM_TEST_KEY_B": "key-b"}
-A, B = ({"Authorization": f"Bearer {k}"} for k in KEYS.values())
+KEYS = {"DIMMEM_TEST_KEY_A": "key-a", "DIMMEM_TEST_KEY_B": "key-b", "DIMMEM_TEST_OPERATOR": "key-operator"}
+A, B, OPERATOR = ({"Authorization": f"Bearer {k}"} for k in KEYS.values())
 CHAT = [
     {"role": "user", "content": "I adopted a beagle called Biscuit.", "timestamp": "2024-03-04"},
     {"role": "assistant", "content": "Puppy classes at Paws Academy are great."},
@@ -43,6 +43,7 @@ def app(tmp_path, embedder, monkeypatch):
             Tenant(name="a", api_key_env="DIMMEM_TEST_KEY_A"),
             Tenant(name="b", api_key_env="DIMMEM_TEST_KEY_B"),
         ],
+        operator_key_env="DIMMEM_TEST_OPERATOR",
         max_body_bytes=20_000,
         max_messages=50,
         max_k=20,
@@ -199,68 +200,114 @@ def test_bad_requests_get_clear_4xx(client):
 def test_metrics_count_requests_by_route_and_status(client):
     client.post("/v1/search", json={"user_id": "ann", "query": "x"}, headers=A)
     client.post("/v1/search", json={"user_id": "ann", "query": "x"})
-    text = client.get("/metrics", headers=A).text
+    text = client.get("/metrics", headers=OPERATOR).text
     assert 'dimmem_requests_total{route="/v1/search",status="200"} 1.0' in text
     assert 'dimmem_requests_total{route="/v1/search",status="401"} 1.0' in text
 
 
-def test_listing_pages_filters_and_stays_in_the_tenant(client, app):
-    app.state.service.config.max_page_size = 3  # a larger limit is capped to this
-    long_chat = [
-        {
-            "role": "user",
-            "content": f"I visited museum number {i} in Porto.",
-            "session_id": f"s{i}",
-            "timestamp": f"2024-03-0{i + 1}",
-        }
-        for i in range(7)
-    ]  # a day each: kept apart, not merged
-    trip = {"user_id": "ann", "messages": long_chat, "conversation_id": "trip"}
-    pets = {"user_id": "ann", "messages": CHAT, "conversation_id": "pets"}
-    added = client.post("/v1/memories", json=trip, headers=A).json()
-    client.post("/v1/memories", json=pets, headers=A)
-    client.post("/v1/memories", json=pets, headers=B)
-    ids, cursor, pages = [], None, 0
-    while True:
-        params = {"user_id": "ann", "conversation_id": "trip", "limit": 50}
-        if cursor:
-            params["cursor"] = cursor
-        page = client.get("/v1/memories", params=params, headers=A)
-        assert page.status_code == 200, page.text
-        body = page.json()
-        assert len(body["memories"]) <= 3 and all(m["user_id"] == "ann" for m in body["memories"])
-        ids += [m["id"] for m in body["memories"]]
-        pages += 1
-        if not (cursor := body["next_cursor"]):
-            break
-    assert ids == [e["id"] for e in added["events"]] and pages == 3  # oldest first, every record once
-    everything = client.get("/v1/memories", params={"user_id": "ann", "limit": 3}, headers=A).json()
-    assert everything["next_cursor"]  # 9 records for ann in tenant a
-    # tenant b sees its own 2 records of "ann" only, also with tenant a's cursor (a position, not a grant)
-    from_b = client.get("/v1/memories", params={"user_id": "ann"}, headers=B).json()
-    assert [m["conversation_id"] for m in from_b["memories"]] == ["pets", "pets"]
-    assert from_b["next_cursor"] is None
-    replayed = client.get(
-        "/v1/memories", params={"user_id": "ann", "cursor": everything["next_cursor"]}, headers=B
+def test_metrics_need_the_operator_key(client, tmp_path, embedder, monkeypatch):
+    """Issue 17 (9): /metrics counts every tenant's calls, so a tenant's key gets 403 (it was 200), the
+    operator key 200; the operator key reads nothing else; with no operator key /metrics is off."""
+    assert client.get("/metrics", headers=A).status_code == 403
+    assert client.get("/metrics", headers=OPERATOR).status_code == 200
+    assert client.get("/metrics").status_code == 401
+    assert (
+        client.post("/v1/search", json={"user_id": "ann", "query": "x"}, headers=OPERATOR).status_code == 403
     )
-    assert replayed.json() == from_b
-    client.delete(f"/v1/memories/{quote(ids[0], safe='')}?user_id=ann", headers=A)
-    deleted = client.get("/v1/memories", params={"user_id": "ann", "status": "deleted"}, headers=A).json()
-    assert [m["id"] for m in deleted["memories"]] == [ids[0]] and deleted["memories"][0]["version"] == 2
-    params = {"user_id": "ann", "time": "2024-03-02/2024-03-03", "type": "episodic"}
-    dated = client.get("/v1/memories", params=params, headers=A)
-    assert dated.status_code == 200
-    assert [m["time"] for m in dated.json()["memories"]] == ["2024-03-02", "2024-03-03"]
-    for params in (
-        {"user_id": "ann", "status": "gone"},
-        {"user_id": "ann", "type": "dream"},
-        {"user_id": "ann", "cursor": "nope"},
-        {"user_id": "ann", "time": "last May"},
-        {"user_id": "ann", "limit": 0},
-        {},
-    ):
-        assert client.get("/v1/memories", params=params, headers=A).status_code == 422, params
-    assert client.get("/v1/memories", params={"user_id": "ann"}).status_code == 401
+    monkeypatch.setenv("DIMMEM_TEST_KEY_A", "key-a")
+    config = ServeConfig(tenants=[Tenant(name="a", api_key_env="DIMMEM_TEST_KEY_A")])
+    off = TestClient(
+        build_app(config, memory=Memory({"store": str(tmp_path / "off.sqlite")}, embedder=embedder))
+    )
+    assert off.get("/metrics", headers=A).status_code == 404
+
+
+def test_patch_refuses_null_for_fields_that_cannot_be_null(client):
+    """Issue 17 (6): {"type": null} / {"keywords": null} were 500, {"content": null} leaked the
+    embedder's message; each is now 422 naming the field. The dimensions may still be cleared."""
+    record_id = client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A).json()[
+        "events"
+    ][0]["id"]
+    path = quote(record_id, safe="")
+    for field in ("type", "keywords", "content"):
+        response = client.patch(f"/v1/memories/{path}", json={"user_id": "ann", field: None}, headers=A)
+        assert response.status_code == 422, (field, response.text)
+        assert [e["loc"] for e in response.json()["detail"]] == [["body", field]]
+    cleared = client.patch(f"/v1/memories/{path}", json={"user_id": "ann", "time": None}, headers=A)
+    assert cleared.status_code == 200 and cleared.json()["time"] is None
+    assert client.get(f"/v1/memories/{path}?user_id=ann", headers=A).json()["keywords"]
+
+
+def test_search_with_a_far_off_reference_date_is_not_a_server_error(client):
+    """Issue 17 (6): "last week" against 0001-01-01 was an OverflowError (500)."""
+    client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A)
+    for query in ("what did I do last week", "what happened yesterday", "last year in 2024"):
+        for day in ("0001-01-01", "9999-12-31"):
+            body = {"user_id": "ann", "query": query, "reference_date": day}
+            response = client.post("/v1/search", json=body, headers=A)
+            assert response.status_code in (200, 422), (query, day, response.text)
+
+
+def test_hostile_ids_are_clipped_and_refused_before_a_lookup(client, app, monkeypatch):
+    """Issue 17 (9): a 100k-character id was echoed in full in the 404; ids over the maximum are
+    422 without reaching the store, a URL over max_url_bytes is 414, and what comes back is short."""
+    lookups = []
+    real_get = app.state.service.memory.get
+    monkeypatch.setattr(
+        app.state.service.memory, "get", lambda *a, **k: lookups.append(a) or real_get(*a, **k)
+    )
+    unknown = client.get(f"/v1/memories/{'x' * 500}?user_id=ann", headers=A)
+    assert unknown.status_code == 404 and len(unknown.text) < 300 and "500 characters" in unknown.text
+    lookups.clear()
+    too_long = client.get(f"/v1/memories/{'x' * 600}?user_id=ann", headers=A)
+    assert too_long.status_code == 422 and len(too_long.text) < 1_000 and lookups == []
+    huge = client.get(f"/v1/memories/{'x' * 60_000}?user_id=ann", headers=A)  # httpx's own cap: 64 KiB
+    assert huge.status_code == 414 and len(huge.text) < 300 and lookups == []
+    assert client.get(f"/healthz?{'q' * 9_000}").status_code == 414
+    # a long field value is clipped in the 422 too
+    big_user = client.get("/v1/memories", params={"user_id": "u" * 5_000}, headers=A)
+    assert big_user.status_code == 422 and len(big_user.text) < 1_000
+
+
+def test_unauthenticated_requests_get_401_before_the_body_limit(client):
+    """Issue 17 (2): with no key a huge body got 413, not 401; unknown routes need a key too."""
+    huge = b'{"user_id": "ann", "messages": []}' + b" " * 100_000
+    headers = {"Content-Type": "application/json"}
+    assert client.post("/v1/memories", content=huge, headers=headers).status_code == 401
+    assert client.post("/v1/memories", content=huge, headers={**headers, **A}).status_code == 413
+    assert client.get("/v1/nowhere").status_code == 401
+    assert client.get("/v1/nowhere", headers=A).status_code == 404
+    assert client.get("/openapi.json").status_code == 200 and client.get("/healthz").status_code == 200
+
+    def chunks():  # no Content-Length: counted while it streams
+        yield b'{"user_id": "ann", "messages": ['
+        for _ in range(100):
+            yield b'{"role": "user", "content": "' + b"x" * 1_000 + b'"},'
+
+    assert client.post("/v1/memories", content=chunks(), headers={**headers, **A}).status_code == 413
+
+
+def test_changing_a_record_that_is_not_active_is_409_and_restore_brings_it_back(client):
+    """Issue 17 (1), the service's side: PATCH of a deleted record was 200 (it came back in search) and
+    a second DELETE 204; both are 409 now, and POST .../restore is the one way back."""
+    record_id = client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A).json()[
+        "events"
+    ][0]["id"]
+    path = quote(record_id, safe="")
+    assert client.post(f"/v1/memories/{path}/restore?user_id=ann", headers=A).status_code == 409  # active
+    assert client.delete(f"/v1/memories/{path}?user_id=ann", headers=A).status_code == 204
+    patched = client.patch(f"/v1/memories/{path}", json={"user_id": "ann", "content": "back"}, headers=A)
+    assert patched.status_code == 409 and "deleted" in patched.json()["detail"]
+    assert client.delete(f"/v1/memories/{path}?user_id=ann", headers=A).status_code == 409
+    hits = client.post("/v1/search", json={"user_id": "ann", "query": "beagle Biscuit"}, headers=A).json()
+    assert record_id not in [h["record"]["id"] for h in hits["hits"]]
+    assert client.post(f"/v1/memories/{path}/restore?user_id=ann", headers=B).status_code == 404
+    restored = client.post(f"/v1/memories/{path}/restore?user_id=ann", headers=A)
+    assert restored.status_code == 200 and restored.json()["status"] == "active", restored.text
+    hits = client.post("/v1/search", json={"user_id": "ann", "query": "beagle Biscuit"}, headers=A).json()
+    assert hits["hits"][0]["record"]["id"] == record_id
+    actions = [h["action"] for h in client.get(f"/v1/history/{path}?user_id=ann", headers=A).json()]
+    assert actions[-2:] == ["DELETE", "RESTORE"]
 
 
 def test_every_route_declares_its_response_schema():

@@ -198,3 +198,9 @@ def test_every_rule_is_used_by_some_task():
 )
 def test_time_format(value, ok):
     assert (time_problem(value) is None) == ok
+
+
+@pytest.mark.parametrize("value", ["2023-05-01\n", "2023\n", "２０２３-05", "٢٠٢٣", "2023-05-01/2023-06\n"])
+def test_time_must_be_ascii_iso_and_nothing_after_it(value):
+    """`$` let a trailing newline through and `\\d` matched any script's digits (found by Hypothesis)."""
+    assert time_problem(value) is not None

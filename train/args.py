@@ -8,10 +8,15 @@ One YAML file holds all three (as in TRL's SFT script); command-line flags overr
 from __future__ import annotations
 
 import os
+import re
+import sys
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 from trl import ModelConfig, SFTConfig, TrlParser
+
+from dimmem.config import ConfigError, read_yaml
 
 # Qwen3's seven linear projections. A bare LoraConfig would adapt only q_proj and v_proj.
 QWEN3_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -42,13 +47,94 @@ class DimmemArguments:
     )
 
 
+CPU_PROFILE = "configs/train/tiny.yaml"
+
+
+class Parser(TrlParser):
+    """TRL's parser (its YAML, its flags, its `env:` block), with every mistake one line that names the
+    config file (and line): a missing, broken, empty or non-mapping file, a key no dataclass knows, a value
+    of the wrong type, a bad flag. `--help` is TRL's full flag list."""
+
+    def __init__(self, prog: str = "dimmem train"):
+        super().__init__((DimmemArguments, SFTConfig, ModelConfig), prog=prog)
+        self.config_path: str | None = None
+        self.config_keys: set[str] = set()
+        self.flags_given: set[str] = set()
+
+    def parse_args_and_config(self, args=None, **kwargs):
+        args = list(sys.argv[1:] if args is None else args)
+        for i, arg in enumerate(args):  # TRL reads `--config PATH` only
+            if arg.startswith("--config="):
+                args[i : i + 1] = ["--config", arg.partition("=")[2]]
+        self.flags_given = {a[2:].partition("=")[0].replace("-", "_") for a in args if a.startswith("--")}
+        if "--config" in args:
+            at = args.index("--config")
+            if at + 1 >= len(args) or args[at + 1].startswith("--"):
+                self.error("--config needs a file, e.g. --config configs/train/tiny.yaml")
+            self.config_path = args[at + 1]
+            self.check_config(self.config_path)
+        return super().parse_args_and_config(args, **kwargs)
+
+    def check_config(self, path: str) -> None:
+        raw = read_yaml(path)  # missing, unreadable, broken (with its line), or not a mapping: one line
+        if not raw:
+            raise ConfigError(
+                f"{path}: empty config file: expected TRL's SFTConfig/ModelConfig fields and dataset_path "
+                f"(see {CPU_PROFILE})"
+            )
+        known = {action.dest for action in self._actions} | {"env"}
+        if unknown := sorted(str(key) for key in raw if key not in known):
+            raise ConfigError(
+                f"{path}: unknown key(s) {', '.join(map(repr, unknown))}: not a field of TRL's SFTConfig or "
+                f"ModelConfig or of the DimMem arguments (dimmem train --help lists them)"
+            )
+        self.config_keys = set(raw)
+
+    def error(self, message: str):
+        """argparse's usage error, in one line (TRL's usage lists some 300 flags); a bad value that came
+        from the config file names the file."""
+        flag = re.match(r"argument --([\w-]+)", message)
+        if (
+            flag
+            and (key := flag.group(1).replace("-", "_")) in self.config_keys
+            and key not in self.flags_given
+        ):
+            message += f" (set in {self.config_path})"
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def gpu_needed(config: str | None, what: str) -> ConfigError:
+    where = f"{config}: " if config else ""
+    return ConfigError(
+        f"{where}{what} needs a GPU and none is available: this recipe is for GPU machines; "
+        f"on a CPU train with the CPU profile, dimmem train --config {CPU_PROFILE}"
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[DimmemArguments, SFTConfig, ModelConfig]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
         # several processes and no GPU (torchrun on CPU): gloo ranks. Set before SFTConfig picks the
         # backend, or every rank silently trains alone.
         os.environ["ACCELERATE_USE_CPU"] = "true"
-    parser = TrlParser((DimmemArguments, SFTConfig, ModelConfig))
-    dimmem_args, sft_args, model_args = parser.parse_args_and_config(argv)
+    # TRL's SFTConfig defaults gradient_checkpointing=True, which transformers 5 warns about on every
+    # config that does not set activation_checkpointing: not the user's doing, and not theirs to fix
+    warnings.filterwarnings(
+        "ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning
+    )
+    parser = Parser()
+    try:
+        dimmem_args, sft_args, model_args = parser.parse_args_and_config(argv)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # SFTConfig's and TrainingArguments' own checks
+        if str(exc).startswith("Some specified arguments are not used"):  # HfArgumentParser's words
+            parser.error(f"unrecognized arguments: {str(exc).partition(': ')[2]}")
+        if "bf16" in str(exc):
+            raise gpu_needed(parser.config_path, "bf16: true") from None
+        raise ConfigError(f"{parser.config_path or 'dimmem train'}: {exc}") from None
+    attention = model_args.attn_implementation or ""
+    if "flash" in attention and not torch.cuda.is_available():
+        raise gpu_needed(parser.config_path, f"attn_implementation: {attention}")
     if model_args.use_peft and not model_args.lora_target_modules:
         model_args.lora_target_modules = list(QWEN3_LINEAR)
     return dimmem_args, sft_args, model_args

@@ -4,6 +4,7 @@ pushed to the Hugging Face Hub.
 
     dimmem export --run runs/train/qwen3-4b-lora --out exports/dimmem-qwen3-4b --merge \\
         [--checkpoint 400] [--push-to-hub me/dimmem-qwen3-4b --private --revision v1]
+    dimmem export --push-only exports/dimmem-qwen3-4b --push-to-hub me/dimmem-qwen3-4b   # push it later
 
 Merging runs here, in its own single process, never inside a distributed training job.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -33,6 +35,23 @@ def adapter_dir(run: Path, checkpoint: int | None) -> Path:
     return folder
 
 
+def read_run_config(run: Path) -> dict:
+    """The run's `dimmem_train.json`, or one clear error naming the folder."""
+    path = run / RUN_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: not a training run (no {RUN_CONFIG}; dimmem train writes it)")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    missing = [
+        k for k in ("base_model", "sft", "model", "dimmem") if not isinstance(config, dict) or k not in config
+    ]
+    if missing:
+        raise ValueError(f"{path}: not the {RUN_CONFIG} dimmem train writes (no {missing[0]!r})")
+    return config
+
+
 def export(
     run: str | Path,
     out: str | Path,
@@ -40,14 +59,15 @@ def export(
     merge: bool = False,
     max_new_tokens: int = 4096,
 ) -> Path:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("export merges in a single process: run it outside torchrun/accelerate launch")
+    run, out = Path(run), Path(out)
+    run_config = read_run_config(run)
+    source = adapter_dir(run, checkpoint)
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError("export merges in a single process: run it outside torchrun/accelerate launch")
-    run, out = Path(run), Path(out)
-    run_config = json.loads((run / RUN_CONFIG).read_text())
-    source = adapter_dir(run, checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(source)
     out.mkdir(parents=True, exist_ok=True)
     if merge:
@@ -164,21 +184,68 @@ def push(folder: str | Path, repo_id: str, private: bool = False, revision: str 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, help="the training run's output_dir")
+    p.add_argument("--run", help="the training run's output_dir")
     p.add_argument("--checkpoint", type=int, help="export checkpoint-N instead of the final adapter")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="the export folder to write")
     p.add_argument("--merge", action="store_true", help="merge the adapter into the base weights")
-    p.add_argument("--push-to-hub", metavar="REPO")
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        help="then push the folder to this Hub model repo; if the push fails (no network, no or a rejected "
+        "token) the export stays complete, the command exits 2 and prints the --push-only command to push it",
+    )
+    p.add_argument(
+        "--push-only",
+        metavar="FOLDER",
+        help="push a finished export folder to --push-to-hub REPO, without exporting again",
+    )
     p.add_argument("--private", action="store_true")
     p.add_argument("--revision", help="branch to push to (created when missing)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from dimmem.config import ConfigError
+
+    if args.push_only:
+        if not args.push_to_hub or args.run or args.out:
+            raise ConfigError("--push-only FOLDER takes --push-to-hub REPO (and no --run or --out)")
+        folder = Path(args.push_only)
+        if not (folder / EXPORT_CONFIG).is_file():
+            raise FileNotFoundError(
+                f"{folder}: not an export folder (no {EXPORT_CONFIG}; dimmem export writes it)"
+            )
+        print(f"pushed to {push_checked(folder, args)}")
+        return 0
+    if not args.run or not args.out:
+        raise ConfigError("--run and --out are required (or --push-only FOLDER --push-to-hub REPO)")
+    if args.push_to_hub:
+        check_repo_id(args.push_to_hub)  # a bad name fails before the export, not after it
     folder = export(args.run, args.out, args.checkpoint, args.merge)
     print(f"exported {'merged model' if args.merge else 'adapter'} to {folder}")
     if args.push_to_hub:
-        print(f"pushed to {push(folder, args.push_to_hub, args.private, args.revision)}")
+        print(f"pushed to {push_checked(folder, args)}")
     return 0
+
+
+def check_repo_id(repo_id: str) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ValueError(f"--push-to-hub {repo_id}: {exc}") from None
+
+
+def push_checked(folder: Path, args: argparse.Namespace) -> str:
+    """`push`, with a failure said in one line that gives the command to push this folder later."""
+    from dimmem.errors import hub_push
+
+    retry = f"dimmem export --push-only {shlex.quote(str(folder.resolve()))} --push-to-hub {args.push_to_hub}"
+    retry += " --private" if args.private else ""
+    retry += f" --revision {shlex.quote(args.revision)}" if args.revision else ""
+    return hub_push(
+        lambda: push(folder, args.push_to_hub, args.private, args.revision), folder.resolve(), retry
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def window_config(args: argparse.Namespace) -> WindowConfig:
     """The settings for this run: the format's preset, overridden by the flags."""
-    from dimmem.config import ConfigError, load_config, parse_overrides, validate_config
+    from dimmem.config import ConfigError, load_config, validate_config
 
-    settings = load_config(WindowsSettings, args.config, parse_overrides(args.overrides))
+    settings = load_config(WindowsSettings, args.config, args.overrides)
     preset = settings.formats.get(args.format)
     window = args.window if args.window is not None else preset.window if preset else None
     overlap = args.overlap if args.overlap is not None else preset.overlap if preset else None
@@ -64,7 +64,7 @@ def window_config(args: argparse.Namespace) -> WindowConfig:
             "max_tokens": budget or None,
             "tokenizer": args.tokenizer or settings.tokenizer,
         },
-        "dimmem windows",
+        f"{args.config} with the flags",
     )
 
 

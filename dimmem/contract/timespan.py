@@ -6,11 +6,13 @@ import calendar
 import re
 from datetime import date
 
-_PARTIAL_DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?$")
+# ASCII digits only, and the whole string: `$` alone would let "2023-05-01\n" through, `\d` Arabic-Indic
+# or full-width digits
+_PARTIAL_DATE = re.compile(r"(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?", re.ASCII)
 
 
 def _bounds(part: str, value: str) -> tuple[date, date]:
-    match = _PARTIAL_DATE.match(part)
+    match = _PARTIAL_DATE.fullmatch(part)
     if not match:
         raise ValueError(f"{value!r} is not YYYY-MM-DD, YYYY-MM, YYYY or an interval start/end of those")
     year, month, day = (int(g) if g else None for g in match.groups())

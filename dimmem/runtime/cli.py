@@ -16,7 +16,7 @@ DEFAULT_CONFIG = CONFIG_DIR / "memory" / "default.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="memory_command", required=True)
+    sub = parser.add_subparsers(dest="memory_command", required=True, metavar="{add,load,search}")
 
     def common(p: argparse.ArgumentParser, store_required: bool = False) -> None:
         p.add_argument("--config", default=str(DEFAULT_CONFIG), help="runtime YAML (configs/memory/)")

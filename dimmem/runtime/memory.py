@@ -5,20 +5,47 @@ argument order: what first, then whose).
     memory.add(messages, user_id="ann")          # OpenAI-style messages or a Conversation
     result = memory.search("When did Ann go hiking?", user_id="ann", k=5)
     memory.get(id, user_id=...), memory.get_all(user_id=..., filters={"type": "fact"}), memory.update(id,
-    user_id=..., content=...), memory.delete(id, user_id=...), memory.history(id, user_id=...)
+    user_id=..., content=...), memory.delete(id, user_id=...), memory.restore(id, user_id=...),
+    memory.history(id, user_id=...)
 
 `add` windows the conversation, asks the extractor for each window's records, keeps those the
 validator passes (the others are reported, not stored), resolves their pointers to conversation turn
 ids and stores them with their source turns through the update path below.
 
+Appending: `add` with a stored `conversation_id` extracts only the turns not stored yet. Messages that
+begin with the whole stored conversation (same roles and texts: a client resending the history) skip
+it; a message whose `id` names a stored turn is that turn (another text under that id: ValueError);
+the rest are new turns, numbered after the stored ones (`S<session>:<n>` as if the whole history had
+been sent at once), windowed after the stored windows (the first new window takes the last `overlap`
+stored turns as context; window indexes, hence record ids `<conversation>/wNNNN#mK`, continue).
+Stored turns are never rewritten: records point at them.
+
+Crashes and retries: an add writes its new turns and its windows (pending) in one transaction, then
+each record in its own transaction, then marks the windows done. A killed add leaves pending windows;
+the next add of that conversation (a retry of the same messages, or the next turns) extracts them
+again: what was stored comes back UNCHANGED (record ids are stable), the rest is added, so a retry
+ends where one uninterrupted add would have. A window the extractor gave no answer for stays pending
+and is retried the same way. (A retry without message ids that resends only the last turns, not the
+whole conversation, cannot be told from new turns with the same text: it appends them again.)
+
 Each new record meets only the stored records of its type that share a keyword (an index lookup), is
 compared by embedding with those alone, and is consolidated with the closest one when similar enough:
 MERGE, SUPERSEDE or KEEP_BOTH, decided by a model (`consolidator`) or by rules. Replaced and merged
-versions stay in the history.
+versions stay in the history. Lifecycle (held by the store): only active records are found, revised,
+merged into, superseded or deleted; `update` or `delete` of another raises `RecordStateError`; a
+deleted record comes back only by `restore`; superseded and merged records are history.
 
-Threads: `extract` may run from many threads at once (its model calls then overlap at the server);
-everything that touches the store or the embedder takes turns (one SQLite connection), which is how
-the HTTP service calls it.
+Threads: a `Memory` may be shared by any number of threads, and no call holds the store for long.
+- One store lock (the single SQLite connection) is taken per record write (candidate lookup, then the
+  record's transaction, which re-reads the consolidation target's status and version under
+  `BEGIN IMMEDIATE`: a target deleted or changed meanwhile means a fresh decision, at worst KEEP_BOTH),
+  per turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`, `history`) only for
+  their store calls. Consolidation decisions (a model call, maybe) run outside it.
+- One embedder lock: embeddings are computed outside the store lock, at most `EMBED_BATCH` texts per
+  hold.
+- Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
+So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
+processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout).
 """
 
 from __future__ import annotations
@@ -26,31 +53,38 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dimmem.config import load_config, validate_config
-from dimmem.contract.conversation import Conversation
+from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.loaders._fields import Record
-from dimmem.contract.loaders.chat_jsonl import conversation_from_messages
+from dimmem.contract.loaders.chat_jsonl import NOT_DIALOGUE, conversation_from_messages
 from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.timespan import parse_span
-from dimmem.contract.validate import memory_issues, validate
-from dimmem.contract.windows import make_windows
+from dimmem.contract.validate import TurnScope, validate
+from dimmem.contract.windows import Window, _fit, make_windows
 from dimmem.runtime.config import MemoryConfig
 from dimmem.runtime.consolidate import MEMORY_FIELDS, decision_scope
 from dimmem.runtime.embed import Embedder
 from dimmem.runtime.extractors import Extractor
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
-from dimmem.runtime.store import MemoryStore
+from dimmem.runtime.store import MemoryStore, RecordStateError
 from dimmem.runtime.vector_index import VectorIndex
+
+__all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
+
+EMBED_BATCH = 64  # texts per embedder call: the longest a search waits for the embedder
+CONSOLIDATION_ATTEMPTS = 3  # fresh decisions when the target changed meanwhile, then KEEP_BOTH
 
 
 @dataclass
@@ -126,6 +160,8 @@ class Memory:
         self.count_tokens = config.build_token_counter()
         self.stats: Counter = Counter()
         self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
+        self._store_lock = threading.RLock()  # the one SQLite connection: held per record write or read
+        self._embed_lock = threading.Lock()  # the embedder: held per batch of at most EMBED_BATCH texts
 
     @classmethod
     def from_config(
@@ -139,27 +175,29 @@ class Memory:
     def add(
         self, messages: list[dict] | Conversation, *, user_id: str, conversation_id: str | None = None
     ) -> AddResult:
-        """Extract memories from a conversation (or OpenAI-style messages) and store them for the user."""
-        extraction = self.extract(messages, conversation_id)
-        events = self.add_records(extraction.records, user_id=user_id, conversation=extraction.conversation)
-        return AddResult(
-            extraction.conversation.id, extraction.windows, events, extraction.rejected, extraction.failed
-        )
+        """Extract memories from the conversation's turns not stored yet (OpenAI-style messages or a
+        Conversation) and store them for the user, with the turns; see the module docstring for appending
+        and retries. `windows` in the result counts the windows extracted by this call."""
+        conversation, given = _parse(messages, conversation_id)
+        windows = self._plan(user_id, conversation, given)
+        extraction = self._extract(conversation, windows)
+        events = self._write(user_id, extraction.records, consolidate=True)
+        with self._store_lock, self.store.transaction():  # a failed window stays pending: retried next add
+            self.store.window_done(
+                user_id, conversation.id, [w.index for w in windows if w.id not in extraction.failed]
+            )
+        return AddResult(conversation.id, len(windows), events, extraction.rejected, extraction.failed)
 
     def extract(self, messages: list[dict] | Conversation, conversation_id: str | None = None) -> Extraction:
         """Windows -> extractor -> validator -> pointers resolved, without storing anything."""
-        if isinstance(messages, Conversation):
-            conversation = messages
-        else:  # without an id, the same messages added twice are the same conversation
-            text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
-            digest = "c-" + hashlib.sha256(text.encode()).hexdigest()[:12]
-            conversation = conversation_from_messages(
-                {"messages": messages, "id": conversation_id or digest}, Record("messages", "request"), digest
-            )
+        conversation, _ = _parse(messages, conversation_id)
         w = self.config.windows
         with self._extract_lock:
             windows = make_windows(conversation, w.window, w.overlap, w.max_tokens, self.count_tokens)
-        answers = self.extractor(windows)
+        return self._extract(conversation, windows)
+
+    def _extract(self, conversation: Conversation, windows: list[Window]) -> Extraction:
+        answers = self.extractor(windows) if windows else {}
         records, rejected, failed, n_bad = [], [], {}, 0
         for window in windows:
             answer = answers[window.id]
@@ -180,6 +218,70 @@ class Memory:
             self.stats["failed_windows"] += len(failed)
         return Extraction(conversation, len(windows), records, rejected, failed)
 
+    def _plan(self, user_id: str, conversation: Conversation, given: list[tuple[bool, bool]]) -> list[Window]:
+        """Store the conversation's new turns and their windows (pending) in one transaction; the windows
+        to extract: those, and any left pending by an add that did not finish."""
+        for _ in range(10):  # planned outside the lock; redone if another add changed the conversation
+            with self._store_lock:
+                stored = self.store.turns(user_id, conversation.id)
+                first_index = self.store.next_window_index(user_id, conversation.id)
+            new = _new_turns(conversation, given, stored)
+            windows = self._windows(conversation.id, stored, new, first_index) if new else []
+            with self._store_lock, self.store.transaction():
+                if (
+                    self.store.turn_count(user_id, conversation.id),
+                    self.store.next_window_index(user_id, conversation.id),
+                ) != (len(stored), first_index):
+                    continue
+                self.store.put_turns(user_id, conversation.id, new)
+                self.store.put_windows(user_id, windows)
+                pending = self.store.pending_windows(user_id, conversation.id)
+            turns, planned = {t.id: t for t in [*stored, *new]}, {w.index: w for w in windows}
+            return [
+                planned.get(i)
+                or Window(conversation.id, i, tuple(turns[t] for t in context), tuple(turns[t] for t in ids))
+                for i, context, ids in pending
+            ]
+        raise RuntimeError(
+            f"conversation {conversation.id!r} kept changing while this add planned its windows"
+        )
+
+    def _windows(
+        self, conversation_id: str, stored: list[Turn], new: list[Turn], first_index: int
+    ) -> list[Window]:
+        """Windows over the new turns, indexes from `first_index`, the first one with up to `overlap` stored
+        turns as context (the same rules as `make_windows`, which windows a new conversation)."""
+        w = self.config.windows
+        with self._extract_lock:
+            if not stored:
+                windows = make_windows(
+                    Conversation(conversation_id, new), w.window, w.overlap, w.max_tokens, self.count_tokens
+                )
+                return [replace(win, index=first_index + win.index) for win in windows]
+            turns = stored[len(stored) - w.overlap :] + new if w.overlap else list(new)
+            start, windows = len(turns) - len(new), []
+            while start < len(turns):
+                n_context = min(w.overlap, start)
+                n_new = min(w.window - n_context, len(turns) - start)
+
+                def build(
+                    n_ctx: int, n_new: int, start: int = start, index: int = first_index + len(windows)
+                ):
+                    return Window(
+                        conversation_id,
+                        index,
+                        tuple(turns[start - n_ctx : start]),
+                        tuple(turns[start : start + n_new]),
+                    )
+
+                if w.max_tokens is not None:
+                    win = _fit(build, n_context, n_new, w.max_tokens, self.count_tokens)
+                else:
+                    win = build(n_context, n_new)
+                windows.append(win)
+                start += len(win.new)
+            return windows
+
     def add_records(
         self,
         records: list[dict],
@@ -189,89 +291,158 @@ class Memory:
         consolidate: bool = True,
     ) -> list[dict]:
         """Store extracted records (source turns as conversation turn ids), consolidating each with its
-        closest stored candidate (unless `consolidate=False`: stored as given, e.g. for benchmarks).
-        Returns one event per record: {"id", "action", "target"}. A record whose id is already stored
-        (e.g. the same conversation added again after an interrupted add) is left as it is: UNCHANGED."""
+        closest stored candidate (unless `consolidate=False`: stored as given, e.g. for benchmarks), and
+        the `conversation`'s turns not stored yet (a stored turn id with other text: ValueError).
+        Returns one event per record, in order: {"id", "action", "target"}. A record whose id is already
+        stored (e.g. the same conversation added again after an interrupted add) is left as it is:
+        UNCHANGED."""
         for i, record in enumerate(records):
-            if issues := memory_issues(record, i, None):
-                raise ValueError("invalid record: " + "; ".join(map(str, issues)))
+            if issues := _record_issues(record):
+                raise ValueError(f"invalid record {i}: " + "; ".join(issues))
         records = [{**r, "id": r.get("id") or _new_id(user_id, r)} for r in records]
-        stored = self.store.get_many(user_id, [r["id"] for r in records])
-        unchanged = [
-            {"id": r["id"], "action": "UNCHANGED", "target": None} for r in records if r["id"] in stored
-        ]
-        records = [r for r in records if r["id"] not in stored]
         if conversation is not None:
-            with self.store.transaction():
+            with self._store_lock, self.store.transaction():
                 self.store.put_turns(user_id, conversation.id, conversation.turns)
-        vectors = self.embedder.encode([r["content"] for r in records])
-        if not consolidate:
-            with self.store.transaction():
-                for record, vector in zip(records, vectors):
-                    self.store.insert(user_id, record, vector)
-            return unchanged + [{"id": r["id"], "action": "ADD", "target": None} for r in records]
-        return unchanged + [
-            self._add_one(user_id, record, vector) for record, vector in zip(records, vectors)
-        ]
+        return self._write(user_id, records, consolidate)
 
-    def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
-        names = {record["speaker"].casefold()}
-        keys = [k for k in record["keywords"] if k.casefold() not in names]
+    def _write(self, user_id: str, records: list[dict], consolidate: bool) -> list[dict]:
+        """Each record in its own transaction; embeddings a batch at a time, outside the store lock."""
+        events = []
+        for start in range(0, len(records), EMBED_BATCH):
+            batch = records[start : start + EMBED_BATCH]
+            with self._store_lock:
+                stored = self.store.get_many(user_id, [r["id"] for r in batch])
+            todo = [r for r in batch if r["id"] not in stored]
+            vectors = dict(zip((r["id"] for r in todo), self._encode([r["content"] for r in todo])))
+            for record in batch:
+                if record["id"] in vectors:
+                    events.append(self._add_one(user_id, record, vectors[record["id"]], consolidate))
+                else:
+                    events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
+        return events
+
+    def _add_one(self, user_id: str, record: dict, vector: np.ndarray, consolidate: bool = True) -> dict:
+        unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
         update = self.config.update
-        candidates = self.store.candidates(user_id, record["type"], keys, update.max_candidates)
-        self.stats["embedding_comparisons"] += len(candidates)
-        self.stats["baseline_comparisons"] += self.store.count(user_id)  # comparing with everything
-        best, similarity = None, 0.0
-        if candidates:
-            ids, matrix = self.store.vectors(user_id, candidates)
-            scores = matrix @ vector
-            best, similarity = ids[int(np.argmax(scores))], float(np.max(scores))
-        decision = {"action": "KEEP_BOTH", "memory": None}
-        if best is not None and similarity >= update.similarity_threshold:
-            candidate = self.store.get(user_id, best)
-            decision = self.consolidator(record, candidate, similarity)
-            # a bad decision never damages the store
-            if not validate("consolidate", decision, decision_scope(record, candidate)).ok:
-                self.stats["invalid_consolidations"] += 1
-                decision = {"action": "KEEP_BOTH", "memory": None}
-        action = decision["action"]
-        self.stats[action] += 1
-        merged_vector = None
-        if action == "MERGE":
-            merged_vector = self.embedder.encode([decision["memory"]["content"]])[0]
-        with self.store.transaction():  # the record and its consolidation land together or not at all
+        for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
+            best, candidate, similarity = None, None, 0.0
+            if consolidate and attempt < CONSOLIDATION_ATTEMPTS:  # the last attempt: KEEP_BOTH
+                names = {record["speaker"].casefold()}
+                keys = [k for k in record["keywords"] if k.casefold() not in names]
+                with self._store_lock:
+                    candidates = self.store.candidates(user_id, record["type"], keys, update.max_candidates)
+                    self.stats["embedding_comparisons"] += len(candidates)
+                    self.stats["baseline_comparisons"] += self.store.count(user_id)  # comparing with all
+                    if candidates:
+                        ids, matrix = self.store.vectors(user_id, candidates)
+                        if ids:
+                            scores = matrix @ vector
+                            best, similarity = ids[int(np.argmax(scores))], float(np.max(scores))
+                    if best is not None and similarity >= update.similarity_threshold:
+                        candidate = self.store.get(user_id, best)
+            decision = {"action": "KEEP_BOTH", "memory": None}
+            if candidate is not None:  # decided outside the store lock (a model call, maybe)
+                decision = self.consolidator(record, candidate, similarity)
+                # a bad decision never damages the store
+                if not validate("consolidate", decision, decision_scope(record, candidate)).ok:
+                    with self._store_lock:
+                        self.stats["invalid_consolidations"] += 1
+                    decision = {"action": "KEEP_BOTH", "memory": None}
+            action = decision["action"]
+            merged_vector = None
             if action == "MERGE":
-                self.store.insert(user_id, record, vector)
-                self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
-                self.store.revise(user_id, best, decision["memory"], merged_vector, f"MERGE {record['id']}")
-            elif action == "SUPERSEDE":
-                self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
-                self.store.insert(user_id, {**record, **decision["memory"]}, vector)
-            else:
-                self.store.insert(user_id, record, vector)
-        return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
+                merged_vector = self._encode([decision["memory"]["content"]])[0]
+            # the record and its consolidation land together or not at all; the target is re-read under
+            # BEGIN IMMEDIATE: deleted, merged away or changed by another writer meanwhile -> decide again
+            with self._store_lock, self.store.transaction():
+                if self.store.get(user_id, record["id"]) is not None:
+                    return unchanged
+                if action != "KEEP_BOTH":
+                    now = self.store.get(user_id, best)
+                    if now is None or (now["status"], now["version"]) != ("active", candidate["version"]):
+                        self.stats["stale_consolidations"] += 1
+                        continue
+                if action == "MERGE":
+                    self.store.insert(user_id, record, vector)
+                    self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
+                    self.store.revise(
+                        user_id, best, decision["memory"], merged_vector, f"MERGE {record['id']}"
+                    )
+                elif action == "SUPERSEDE":
+                    self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
+                    self.store.insert(user_id, {**record, **decision["memory"]}, vector)
+                else:
+                    self.store.insert(user_id, record, vector)
+                if not consolidate:
+                    return {"id": record["id"], "action": "ADD", "target": None}
+                self.stats[action] += 1
+            return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
+        raise AssertionError("unreachable: the last attempt keeps both")
 
     def update(self, memory_id: str, *, user_id: str, **fields) -> dict:
+        """A new version of an active record with the given fields changed (the old one stays in its
+        history). KeyError: no such record; RecordStateError: not active; ValueError: invalid fields."""
         unknown = set(fields) - set(MEMORY_FIELDS)
         if unknown:
             raise ValueError(f"cannot update {sorted(unknown)}; fields are {list(MEMORY_FIELDS)}")
-        current = self.get(memory_id, user_id=user_id)
-        if current is None:
-            raise KeyError(f"no record {memory_id!r} for user {user_id!r}")
-        if issues := memory_issues({**current, **fields}, None, None):
-            raise ValueError("invalid update: " + "; ".join(map(str, issues)))
-        vector = self.embedder.encode([fields.get("content", current["content"])])[0]
-        with self.store.transaction():
-            self.store.revise(user_id, memory_id, fields, vector, "UPDATE")
-        return self.get(memory_id, user_id=user_id)
+        if not fields:
+            raise ValueError(f"no field to update; fields are {list(MEMORY_FIELDS)}")
+        for _ in range(10):
+            current = self._active(user_id, memory_id, "updated")
+            revised = {**{k: current[k] for k in MEMORY_FIELDS}, **fields}
+            if issues := _record_issues(revised):
+                raise ValueError("invalid update: " + "; ".join(issues))
+            vector = self._encode([revised["content"]])[0]
+            with self._store_lock, self.store.transaction():
+                now = self.store.get(user_id, memory_id)
+                if now is not None and now["status"] == "active" and now["content"] != current["content"]:
+                    continue  # changed meanwhile by another writer: validate and embed what it holds now
+                self.store.revise(user_id, memory_id, fields, vector, "UPDATE")  # checks the status again
+            return self.get(memory_id, user_id=user_id)
+        raise RuntimeError(f"record {memory_id!r} kept changing while this update ran")
 
     def delete(self, memory_id: str, *, user_id: str) -> None:
-        with self.store.transaction():
+        """Delete an active record (KeyError: no such record; RecordStateError: not active)."""
+        with self._store_lock, self.store.transaction():
             self.store.set_status(user_id, memory_id, "deleted", "DELETE")
+
+    def restore(self, memory_id: str, *, user_id: str) -> dict:
+        """A deleted record active again, found by every path (history "RESTORE"). Only deleted records
+        can be restored (RecordStateError); superseded and merged ones are history."""
+        with self._store_lock:
+            current = self.store.get(user_id, memory_id)
+        if current is None:
+            raise KeyError(f"no record {memory_id!r} for user {user_id!r}")
+        if current["status"] != "deleted":
+            raise RecordStateError(memory_id, current["status"], "restored", "deleted")
+        vector = self._encode([current["content"]])[0]  # a deleted record's content never changes
+        with self._store_lock, self.store.transaction():
+            self.store.restore(user_id, memory_id, vector)  # checks the status again
+        return self.get(memory_id, user_id=user_id)
+
+    def _active(self, user_id: str, memory_id: str, operation: str) -> dict:
+        with self._store_lock:
+            current = self.store.get(user_id, memory_id)
+        if current is None:
+            raise KeyError(f"no record {memory_id!r} for user {user_id!r}")
+        if current["status"] != "active":
+            raise RecordStateError(memory_id, current["status"], operation)
+        return current
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        """Embeddings, EMBED_BATCH texts per hold of the embedder lock."""
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        parts = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            with self._embed_lock:
+                parts.append(self.embedder.encode(texts[start : start + EMBED_BATCH]))
+        return np.concatenate(parts)
 
     # --- reads --------------------------------------------------------------------------------------
     def get(self, memory_id: str, *, user_id: str) -> dict | None:
-        return self.store.get(user_id, memory_id)
+        with self._store_lock:
+            return self.store.get(user_id, memory_id)
 
     def get_all(
         self, *, user_id: str, filters: dict | None = None, limit: int = 100, cursor: str | None = None
@@ -294,21 +465,24 @@ class Memory:
         if filters.get("time") is not None:
             start, end = parse_span(str(filters["time"]))
             span = (start.isoformat(), end.isoformat())
-        rows = self.store.page(
-            user_id,
-            type=kind,
-            status=None if status == "any" else status,
-            conversation_id=filters.get("conversation_id"),
-            span=span,
-            after=_decode_cursor(cursor),
-            limit=limit + 1,
-        )
+        after = _decode_cursor(cursor)
+        with self._store_lock:
+            rows = self.store.page(
+                user_id,
+                type=kind,
+                status=None if status == "any" else status,
+                conversation_id=filters.get("conversation_id"),
+                span=span,
+                after=after,
+                limit=limit + 1,
+            )
         more = len(rows) > limit
         rows = rows[:limit]
         return Page(rows, _encode_cursor(rows[-1]) if more else None)
 
     def history(self, memory_id: str, *, user_id: str) -> list[dict]:
-        return self.store.history(user_id, memory_id)
+        with self._store_lock:
+            return self.store.history(user_id, memory_id)
 
     def search(
         self,
@@ -320,35 +494,39 @@ class Memory:
         parsed: dict | None = None,
     ) -> SearchResult:
         parsed = parsed or self.query_parser(query, reference_date)
-        paths = self.paths(query, user_id, parsed)
-        hits = fuse(self.store, user_id, paths, parsed, k, self.config.retrieval.weights)
-        self.stats["searches"] += 1
-        context = []
-        if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
-            self.stats["assistant_recalls"] += 1
-            for hit in hits:
-                if hit.record.get("conversation_id"):
-                    context += self.store.assistant_replies(
-                        user_id, hit.record["conversation_id"], hit.record["source_turns"]
-                    )
+        vector = self._encode([query])[0]
+        with self._store_lock:
+            paths = self.paths(query, user_id, parsed, vector)
+            hits = fuse(self.store, user_id, paths, parsed, k, self.config.retrieval.weights)
+            self.stats["searches"] += 1
+            context = []
+            if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
+                self.stats["assistant_recalls"] += 1
+                for hit in hits:
+                    if hit.record.get("conversation_id"):
+                        context += self.store.assistant_replies(
+                            user_id, hit.record["conversation_id"], hit.record["source_turns"]
+                        )
         return SearchResult(parsed, hits, context)
 
     def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
         """Each retrieval path's ranking on its own: [(record id, score)], best first."""
-        vector = self.embedder.encode([query])[0] if query_vector is None else query_vector
+        vector = self._encode([query])[0] if query_vector is None else query_vector
         depth = self.config.retrieval.depth
-        return {
-            "bm25": self.store.lexical(user_id, lexical_terms(query), depth),
-            "dense": self.vectors.search(user_id, vector, depth),
-            "dimension": dimension_path(self.store, user_id, parsed, depth),
-        }
+        with self._store_lock:
+            return {
+                "bm25": self.store.lexical(user_id, lexical_terms(query), depth),
+                "dense": self.vectors.search(user_id, vector, depth),
+                "dimension": dimension_path(self.store, user_id, parsed, depth),
+            }
 
     # --- export / import ----------------------------------------------------------------------------
     def export_jsonl(self, path: str | Path, *, user_id: str) -> int:
-        records = self.store.records(user_id, status=None)
+        with self._store_lock:
+            records = self.store.records(user_id, status=None)
+            histories = [self.store.history(user_id, r["id"]) for r in records]
         with open(path, "w", encoding="utf-8") as out:
-            for record in records:
-                history = self.history(record["id"], user_id=user_id)
+            for record, history in zip(records, histories):
                 out.write(json.dumps({**record, "history": history}, ensure_ascii=False) + "\n")
         return len(records)
 
@@ -359,6 +537,87 @@ class Memory:
         keep = (*MEMORY_FIELDS, "id", "conversation_id", "window_id", "session_time")
         active = [{k: r[k] for k in keep} for r in rows if r["status"] == "active"]
         return len(self.add_records(active, user_id=user_id))
+
+
+def _record_issues(record: Any) -> list[str]:
+    """What the one validator finds wrong with a record's fields (schema and rules), pointer scope aside."""
+    if not isinstance(record, dict):
+        return [f"expected an object, got {type(record).__name__}"]
+    memory = {k: record.get(k) for k in MEMORY_FIELDS}
+    turns = memory["source_turns"] if isinstance(memory["source_turns"], list) else []
+    turns = [t for t in turns if isinstance(t, str)]
+    scope = TurnScope({t: memory["speaker"] for t in turns}, frozenset(turns))
+    issues = validate("extract", {"memories": [memory]}, scope).issues
+    return [str(issue).removeprefix("memories[0].") for issue in issues]
+
+
+def _parse(messages: list[dict] | Conversation, conversation_id: str | None) -> tuple[Conversation, list]:
+    """The conversation, and for each turn whether the client gave its (id, session): a Conversation gives
+    both; a message without `id` or `session_id` gets them numbered (`S<session>:<n>`)."""
+    if isinstance(messages, Conversation):
+        return messages, [(True, True)] * len(messages.turns)
+    # without an id, the same messages added twice are the same conversation
+    text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+    digest = "c-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+    conversation = conversation_from_messages(
+        {"messages": messages, "id": conversation_id or digest}, Record("messages", "request"), digest
+    )
+    dialogue = [m for m in messages if m.get("role") not in NOT_DIALOGUE]  # one turn each, in order
+    return conversation, [(m.get("id") is not None, m.get("session_id") is not None) for m in dialogue]
+
+
+def _same(a: Turn, b: Turn) -> bool:
+    return (a.role, a.text) == (b.role, b.text)
+
+
+def _generated_session(session_id: str) -> bool:
+    return re.fullmatch(r"S\d+", session_id) is not None
+
+
+def _new_turns(conversation: Conversation, given: list[tuple[bool, bool]], stored: list[Turn]) -> list[Turn]:
+    """The conversation's turns not stored yet, with ids that continue the stored numbering."""
+    turns = list(zip(conversation.turns, given))
+    if stored and len(turns) >= len(stored) and all(map(_same, stored, (t for t, _ in turns))):
+        turns = turns[len(stored) :]  # the whole stored conversation resent: only what follows is new
+    by_id = {t.id: t for t in stored}
+    fresh = []
+    for turn, (id_given, session_given) in turns:
+        if id_given and turn.id in by_id:  # a stored turn named by its id
+            if not _same(by_id[turn.id], turn):
+                raise ValueError(
+                    f"conversation {conversation.id!r}: turn {turn.id!r} is stored with other text; stored "
+                    "turns are never rewritten (records point at them): give the new turn a new id"
+                )
+            continue
+        fresh.append((turn, id_given, session_given))
+    if not fresh:
+        return []
+    # number generated ids as if the whole history had been sent at once
+    sessions = [(sid, len(list(group))) for sid, group in groupby(stored, key=lambda t: t.session_id)]
+    number = len(sessions)
+    last = stored[-1] if stored else None
+    used, out = set(by_id), []
+    for j, (sid, group) in enumerate(groupby(fresh, key=lambda x: x[0].session_id)):
+        group = list(group)
+        session_given = group[0][2]
+        continues = (
+            j == 0
+            and last is not None
+            and (sid == last.session_id if session_given else _generated_session(last.session_id))
+        )
+        if continues:
+            offset, session_id, session_time = sessions[-1][1], last.session_id, last.session_time
+        else:
+            number += 1
+            offset, session_time = 0, group[0][0].session_time
+            session_id = sid if session_given else f"S{number}"
+        for k, (turn, id_given, _) in enumerate(group, start=1):
+            turn_id = turn.id if id_given else f"S{number}:{offset + k}"
+            if turn_id in used:
+                raise ValueError(f"conversation {conversation.id!r}: turn id {turn_id!r} given twice")
+            used.add(turn_id)
+            out.append(replace(turn, id=turn_id, session_id=session_id, session_time=session_time))
+    return out
 
 
 def _encode_cursor(record: dict) -> str:

@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta
 
 from dimmem.contract.prompts import parse_query_messages
 from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import validate
 from dimmem.llm import ModelClient, ModelError
 
@@ -95,8 +96,18 @@ def _month_span(year: int, month: int) -> str:
 
 
 def parse_time(question: str, reference: date) -> str | None:
-    """The time a question is about, as the record time format, or None."""
-    text = question.lower()
+    """The time a question is about, as the record time format, or None: also when the expression names
+    no calendar date (2023-02-30) or lies outside the calendar (last week of 0001-01-01)."""
+    try:
+        value = _parse_time(question.lower(), reference)
+        if value is not None:
+            parse_span(value)  # a valid record time, or no time at all
+        return value
+    except (OverflowError, ValueError):
+        return None
+
+
+def _parse_time(text: str, reference: date) -> str | None:
     if m := re.search(r"\b(\d{4}-\d{2}(?:-\d{2})?)\b", text):
         return m.group(1)
     if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})\b", text):
@@ -112,7 +123,7 @@ def parse_time(question: str, reference: date) -> str | None:
         last = reference.replace(day=1) - timedelta(days=1)
         return _month_span(last.year, last.month)
     if "last year" in text:
-        return f"{reference.year - 1:04d}"
+        return f"{reference.year - 1:04d}" if reference.year > 1 else None
     if m := re.search(r"\bin\s+(\d{4})\b", text):
         return m.group(1)
     return None

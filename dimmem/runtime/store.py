@@ -1,11 +1,23 @@
 """The embedded memory store: SQLite (WAL) holding records with every dimension, their version history,
 the source turns their pointers resolve to, a keyword index for update candidates, an FTS5 index for
 the lexical path and the dense vectors. Every read and write names one user; none crosses users.
+
+Record lifecycle, held here for every caller: a record is `active` until it is superseded, merged into
+another or deleted; only an active record is indexed (keywords, FTS, vector) and only an active record can
+be revised or change status. A deleted record can be restored (`restore`, re-indexed, history "RESTORE");
+superseded and merged records are history and stay as they are. Anything else raises `RecordStateError`.
+The checks read the status inside the caller's write transaction (`BEGIN IMMEDIATE`), so a writer never
+revises a record another writer deleted meanwhile.
+
+Conversation turns are written once (`put_turns` inserts, never replaces): records point at them.
+A conversation's windows are recorded with the turns (`put_windows`), pending until their records are
+stored (`window_done`), so an add that was killed midway is completed by the next add of the conversation.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -14,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dimmem.contract.conversation import Turn
 from dimmem.contract.timespan import parse_span
 
 # Schema migrations, applied in order; PRAGMA user_version records how many have run.
@@ -51,6 +64,14 @@ MIGRATIONS = [
         user_id TEXT PRIMARY KEY, appended INTEGER NOT NULL DEFAULT 0, removed INTEGER NOT NULL DEFAULT 0);
     CREATE INDEX vectors_user ON vectors(user_id);
     """,
+    # Appending to a conversation: the session each turn belongs to, and the conversation's windows (the
+    # turn ids of their context and new parts), pending until their records are stored.
+    """
+    ALTER TABLE turns ADD COLUMN session_id TEXT;
+    CREATE TABLE windows (
+        user_id TEXT NOT NULL, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL, context TEXT NOT NULL,
+        new TEXT NOT NULL, done INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (user_id, conversation_id, idx));
+    """,
 ]
 
 _COLUMNS = (
@@ -75,6 +96,17 @@ _COLUMNS = (
     "version",
     "status",
 )
+
+
+class RecordStateError(ValueError):
+    """An operation the record's status does not allow (e.g. updating a deleted record)."""
+
+    def __init__(self, record_id: str, status: str, operation: str, allowed: str = "active"):
+        self.record_id, self.status, self.operation = record_id, status, operation
+        super().__init__(
+            f"record {record_id!r} is {status}: only {allowed} records can be {operation}"
+            + ("" if status != "deleted" or allowed != "active" else " (restore it first)")
+        )
 
 
 class MemoryStore:
@@ -112,13 +144,67 @@ class MemoryStore:
         self.db.close()
 
     # --- writes (call inside `transaction()`) ------------------------------------------------------
-    def put_turns(self, user_id: str, conversation_id: str, turns) -> None:
+    def put_turns(self, user_id: str, conversation_id: str, turns) -> int:
+        """Append the turns not stored yet, after the stored ones; a stored turn is never rewritten: the
+        same id with another role or text raises ValueError. Returns how many were added."""
+        stored = {
+            r[0]: (r[1], r[2])
+            for r in self.db.execute(
+                "SELECT turn_id, role, text FROM turns WHERE user_id=? AND conversation_id=?",
+                (user_id, conversation_id),
+            )
+        }
+        rows, position = [], self.turn_count(user_id, conversation_id)
+        for t in turns:
+            if t.id in stored:
+                if stored[t.id] != (t.role, t.text):
+                    raise ValueError(
+                        f"conversation {conversation_id!r}: turn {t.id!r} is stored with other text; "
+                        "stored turns are never rewritten (records point at them): give the new turn a new id"
+                    )
+                continue
+            stored[t.id] = (t.role, t.text)
+            rows.append(
+                (
+                    user_id,
+                    conversation_id,
+                    t.id,
+                    position,
+                    t.speaker,
+                    t.role,
+                    t.text,
+                    t.session_time,
+                    t.session_id,
+                )
+            )
+            position += 1
         self.db.executemany(
-            "INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT INTO turns (user_id, conversation_id, turn_id, position, speaker, role, text, "
+            "session_time, session_id) VALUES (?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        return len(rows)
+
+    def put_windows(self, user_id: str, windows) -> None:
+        """Record a conversation's new windows as pending (`window_done` when their records are stored)."""
+        self.db.executemany(
+            "INSERT INTO windows (user_id, conversation_id, idx, context, new) VALUES (?,?,?,?,?)",
             [
-                (user_id, conversation_id, t.id, i, t.speaker, t.role, t.text, t.session_time)
-                for i, t in enumerate(turns)
+                (
+                    user_id,
+                    w.conversation_id,
+                    w.index,
+                    json.dumps([t.id for t in w.context]),
+                    json.dumps([t.id for t in w.new]),
+                )
+                for w in windows
             ],
+        )
+
+    def window_done(self, user_id: str, conversation_id: str, indexes: list[int]) -> None:
+        self.db.executemany(
+            "UPDATE windows SET done=1 WHERE user_id=? AND conversation_id=? AND idx=?",
+            [(user_id, conversation_id, i) for i in indexes],
         )
 
     def insert(self, user_id: str, record: dict, vector: np.ndarray, action: str = "ADD") -> None:
@@ -142,13 +228,9 @@ class MemoryStore:
         self._index(user_id, record["id"], record, vector)
         self._snapshot(user_id, record["id"], 1, action, now)
 
-    def revise(
-        self, user_id: str, record_id: str, fields: dict, vector: np.ndarray | None, action: str
-    ) -> int:
-        """New version of a record; the old one stays in its history."""
-        current = self.get(user_id, record_id)
-        if current is None:
-            raise KeyError(f"no record {record_id!r} for user {user_id!r}")
+    def revise(self, user_id: str, record_id: str, fields: dict, vector: np.ndarray, action: str) -> int:
+        """New version of an active record; the old one stays in its history."""
+        current = self._current(user_id, record_id, "revised")
         merged = {**current, **fields}
         row, version, now = _row(merged), current["version"] + 1, time.time()
         sets = ",".join(f"{c}=?" for c in row)
@@ -157,15 +239,15 @@ class MemoryStore:
             [*row.values(), version, now, record_id, user_id],
         )
         self._unindex(user_id, record_id)
-        if vector is not None:
-            self._index(user_id, record_id, merged, vector)
+        self._index(user_id, record_id, merged, vector)
         self._snapshot(user_id, record_id, version, action, now)
         return version
 
     def set_status(self, user_id: str, record_id: str, status: str, action: str) -> None:
-        current = self.get(user_id, record_id)
-        if current is None:
-            raise KeyError(f"no record {record_id!r} for user {user_id!r}")
+        """An active record becomes superseded, merged or deleted: out of every index."""
+        if status not in ("superseded", "merged", "deleted"):
+            raise ValueError(f"status {status!r}: expected superseded, merged or deleted")
+        current = self._current(user_id, record_id, status)
         now = time.time()
         self.db.execute(
             "UPDATE records SET status=?, version=version+1, updated=? WHERE id=? AND user_id=?",
@@ -173,6 +255,31 @@ class MemoryStore:
         )
         self._unindex(user_id, record_id)  # only active records are found
         self._snapshot(user_id, record_id, current["version"] + 1, action, now)
+
+    def restore(self, user_id: str, record_id: str, vector: np.ndarray) -> int:
+        """A deleted record active again, re-indexed (`vector`: its content's embedding)."""
+        current = self.get(user_id, record_id)
+        if current is None:
+            raise KeyError(f"no record {record_id!r} for user {user_id!r}")
+        if current["status"] != "deleted":
+            raise RecordStateError(record_id, current["status"], "restored", "deleted")
+        version, now = current["version"] + 1, time.time()
+        self.db.execute(
+            "UPDATE records SET status='active', version=?, updated=? WHERE id=? AND user_id=?",
+            (version, now, record_id, user_id),
+        )
+        self._index(user_id, record_id, current, vector)
+        self._snapshot(user_id, record_id, version, "RESTORE", now)
+        return version
+
+    def _current(self, user_id: str, record_id: str, operation: str) -> dict:
+        """The record, which must exist (KeyError) and be active (RecordStateError)."""
+        current = self.get(user_id, record_id)
+        if current is None:
+            raise KeyError(f"no record {record_id!r} for user {user_id!r}")
+        if current["status"] != "active":
+            raise RecordStateError(record_id, current["status"], operation)
+        return current
 
     def _index(self, user_id: str, record_id: str, record: dict, vector: np.ndarray) -> None:
         self.db.executemany(
@@ -234,6 +341,45 @@ class MemoryStore:
             )
             out.update((r["id"], _record(r)) for r in rows)
         return out
+
+    def turns(self, user_id: str, conversation_id: str) -> list[Turn]:
+        """The conversation's stored turns, in order."""
+        rows = self.db.execute(
+            "SELECT turn_id, speaker, role, text, session_id, session_time FROM turns "
+            "WHERE user_id=? AND conversation_id=? ORDER BY position",
+            (user_id, conversation_id),
+        )
+        return [
+            Turn(r[0], r[1], r[2], r[3], r[4] if r[4] is not None else _session_of(r[0]), r[5]) for r in rows
+        ]
+
+    def turn_count(self, user_id: str, conversation_id: str) -> int:
+        return self.db.execute(
+            "SELECT COUNT(*) FROM turns WHERE user_id=? AND conversation_id=?", (user_id, conversation_id)
+        ).fetchone()[0]
+
+    def next_window_index(self, user_id: str, conversation_id: str) -> int:
+        """The index the conversation's next window gets: after every recorded window and after every
+        window its records name (conversations stored before windows were recorded)."""
+        (last,) = self.db.execute(
+            "SELECT MAX(idx) FROM windows WHERE user_id=? AND conversation_id=?", (user_id, conversation_id)
+        ).fetchone()
+        named = self.db.execute(
+            "SELECT DISTINCT window_id FROM records WHERE user_id=? AND conversation_id=?",
+            (user_id, conversation_id),
+        )
+        indexes = [int(m.group(1)) for (w,) in named if w and (m := re.search(r"/w(\d+)$", w))]
+        return max([-1 if last is None else last, *indexes]) + 1
+
+    def pending_windows(self, user_id: str, conversation_id: str) -> list[tuple[int, list[str], list[str]]]:
+        """(index, context turn ids, new turn ids) of the conversation's windows whose records are not all
+        stored yet, in order."""
+        rows = self.db.execute(
+            "SELECT idx, context, new FROM windows WHERE user_id=? AND conversation_id=? AND done=0 "
+            "ORDER BY idx",
+            (user_id, conversation_id),
+        )
+        return [(i, json.loads(c), json.loads(n)) for i, c, n in rows]
 
     def has_turns(self, user_id: str) -> bool:
         """Whether any conversation turns are stored for the user."""
@@ -378,6 +524,11 @@ class MemoryStore:
             (user_id, conversation_id, min(positions), max(positions) + 2),
         ).fetchall()
         return [dict(r) for r in rows if r["role"] == "assistant"]
+
+
+def _session_of(turn_id: str) -> str:
+    """A turn's session when none was stored (rows written before sessions were): its id's prefix."""
+    return turn_id.rsplit(":", 1)[0] if ":" in turn_id else "S1"
 
 
 def _matrix(rows: list, column: int) -> np.ndarray:

@@ -4,11 +4,13 @@ paging, one record, update, delete and its history. Record ids contain "/" and "
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from serve.deps import Service, Tenant, check_messages, found, public, scoped
+from serve.deps import RecordId, Service, Tenant, check_messages, found, public, scoped
 from serve.schemas import (
     NAME_PATTERN,
     AddRequest,
@@ -27,6 +29,15 @@ from serve.schemas import (
 router = APIRouter(tags=["memories"])
 
 
+@contextmanager
+def _known(record_id: str) -> Iterator[None]:
+    """The runtime's KeyError for a record the user does not have, as a 404."""
+    try:
+        yield
+    except KeyError:
+        found(None, record_id)
+
+
 @router.post(
     "/v1/memories",
     response_model=AddResponse,
@@ -34,22 +45,18 @@ router = APIRouter(tags=["memories"])
 )
 def add(body: AddRequest, state: Service, tenant_name: Tenant) -> dict:
     messages = check_messages(state, body.messages)
-    memory = state.memory
-    # model calls outside the lock: searches go on meanwhile
-    extraction = memory.extract(messages, body.conversation_id)
-    with state.lock:
-        events = memory.add_records(
-            extraction.records,
-            user_id=scoped(tenant_name, body.user_id),
-            conversation=extraction.conversation,
-        )
-    state.metrics.stored.inc(sum(e["action"] != "UNCHANGED" for e in events))
+    # the runtime locks its own store per record: other requests go on during the model calls and
+    # between this add's writes; a conversation_id already stored is appended to, never rewritten
+    result = state.memory.add(
+        messages, user_id=scoped(tenant_name, body.user_id), conversation_id=body.conversation_id
+    )
+    state.metrics.stored.inc(sum(e["action"] != "UNCHANGED" for e in result.events))
     return {
-        "conversation_id": extraction.conversation.id,
-        "windows": extraction.windows,
-        "events": events,
-        "rejected": extraction.rejected,
-        "failed": extraction.failed,
+        "conversation_id": result.conversation_id,
+        "windows": result.windows,
+        "events": result.events,
+        "rejected": result.rejected,
+        "failed": result.failed,
     }
 
 
@@ -91,35 +98,35 @@ def list_memories(
     cursor: Annotated[str | None, Query(max_length=500, description="a previous page's next_cursor")] = None,
 ) -> dict:
     filters = {"type": type, "status": status, "conversation_id": conversation_id, "time": time}
-    with state.lock:
-        page = state.memory.get_all(
-            user_id=scoped(tenant_name, user_id),
-            filters={k: v for k, v in filters.items() if v is not None},
-            limit=min(limit, state.config.max_page_size),
-            cursor=cursor,
-        )
+    page = state.memory.get_all(
+        user_id=scoped(tenant_name, user_id),
+        filters={k: v for k, v in filters.items() if v is not None},
+        limit=min(limit, state.config.max_page_size),
+        cursor=cursor,
+    )
     return {"memories": [public(r, user_id) for r in page.memories], "next_cursor": page.next_cursor}
 
 
 @router.get("/v1/memories/{record_id:path}", response_model=StoredMemory, summary="one memory of a user")
-def get(record_id: str, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant) -> dict:
-    with state.lock:
-        record = state.memory.get(record_id, user_id=scoped(tenant_name, user_id))
+def get(
+    record_id: RecordId, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
+) -> dict:
+    record = state.memory.get(record_id, user_id=scoped(tenant_name, user_id))
     return public(found(record, record_id), user_id)
 
 
 @router.patch(
     "/v1/memories/{record_id:path}",
     response_model=StoredMemory,
-    summary="change fields of a memory (the old version stays in its history)",
+    summary="change fields of an active memory (the old version stays in its history; 409 if it is "
+    "deleted, merged or superseded)",
 )
-def update(record_id: str, body: UpdateRequest, state: Service, tenant_name: Tenant) -> dict:
+def update(record_id: RecordId, body: UpdateRequest, state: Service, tenant_name: Tenant) -> dict:
     fields = body.model_dump(exclude_unset=True, exclude={"user_id"})
     if not fields:
         raise HTTPException(422, "no field to update")
     user = scoped(tenant_name, body.user_id)
-    with state.lock:
-        found(state.memory.get(record_id, user_id=user), record_id)
+    with _known(record_id):
         return public(state.memory.update(record_id, user_id=user, **fields), body.user_id)
 
 
@@ -127,17 +134,27 @@ def update(record_id: str, body: UpdateRequest, state: Service, tenant_name: Ten
     "/v1/memories/{record_id:path}",
     status_code=204,
     response_model=None,
-    summary="delete a memory (kept in its history)",
+    summary="delete an active memory (kept in its history; 409 if it is already deleted, merged or "
+    "superseded)",
 )
 def delete(
-    record_id: str, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
+    record_id: RecordId, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
 ) -> Response:
-    user = scoped(tenant_name, user_id)
-    with state.lock:
-        record = found(state.memory.get(record_id, user_id=user), record_id)
-        if record["status"] != "deleted":
-            state.memory.delete(record_id, user_id=user)
+    with _known(record_id):
+        state.memory.delete(record_id, user_id=scoped(tenant_name, user_id))
     return Response(status_code=204)
+
+
+@router.post(
+    "/v1/memories/{record_id:path}/restore",
+    response_model=StoredMemory,
+    summary="make a deleted memory active again (409 if it is not deleted)",
+)
+def restore(
+    record_id: RecordId, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
+) -> dict:
+    with _known(record_id):
+        return public(state.memory.restore(record_id, user_id=scoped(tenant_name, user_id)), user_id)
 
 
 @router.get(
@@ -146,10 +163,9 @@ def delete(
     summary="every version of a memory, oldest first",
 )
 def history(
-    record_id: str, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
+    record_id: RecordId, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant
 ) -> list[dict]:
     user = scoped(tenant_name, user_id)
-    with state.lock:
-        found(state.memory.get(record_id, user_id=user), record_id)
-        versions = state.memory.history(record_id, user_id=user)
+    found(state.memory.get(record_id, user_id=user), record_id)
+    versions = state.memory.history(record_id, user_id=user)
     return [{**h, "record": public(h["record"], user_id)} for h in versions]

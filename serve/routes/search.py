@@ -19,10 +19,9 @@ def search(body: SearchRequest, state: Service, tenant_name: Tenant) -> dict:
     if body.k > state.config.max_k:
         raise HTTPException(422, f"k={body.k}; at most {state.config.max_k}")
     reference = body.reference_date.isoformat() if body.reference_date else None
-    with state.lock:
-        result = state.memory.search(
-            body.query, user_id=scoped(tenant_name, body.user_id), k=body.k, reference_date=reference
-        )
+    result = state.memory.search(
+        body.query, user_id=scoped(tenant_name, body.user_id), k=body.k, reference_date=reference
+    )
     if result.assistant_context:
         state.metrics.recalls.inc()
     return {

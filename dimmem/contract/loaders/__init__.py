@@ -27,6 +27,8 @@ LOADERS: dict[str, Callable[[str | Path], list[Conversation]]] = {
 def load_conversations(fmt: str, path: str | Path) -> list[Conversation]:
     if fmt not in LOADERS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {sorted(LOADERS)}")
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{path}: a folder, expected a {fmt} file")
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
     return LOADERS[fmt](path)

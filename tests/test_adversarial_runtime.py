@@ -1,0 +1,451 @@
+"""The runtime part of the standing adversarial suite (issue 17): the record lifecycle in every order and
+under concurrent writers on one file, appends to a conversation, a crash in the middle of an add, a
+maximal add next to searches, and hostile inputs to the query parser and to update."""
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import zlib
+from datetime import date
+
+import numpy as np
+import pytest
+
+from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
+from dimmem.runtime.query import parse_query_rules, parse_time
+
+
+@pytest.fixture(scope="module")
+def words():
+    return WordEmbedder()
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from dimmem.runtime.embed import Embedder
+
+    return Embedder()
+
+
+class WordEmbedder:
+    """A fast stand-in for MiniLM where only the store's state matters: hashed bag of words, unit length;
+    `seconds_per_text` makes it as slow as a real model on a small CPU (sleeping, as torch releases the
+    GIL)."""
+
+    def __init__(self, seconds_per_text: float = 0.0):
+        self.seconds_per_text = seconds_per_text
+
+    def encode(self, texts):
+        time.sleep(self.seconds_per_text * len(texts))
+        out = np.zeros((len(texts), 256), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()):
+                out[row, zlib.crc32(word.encode()) % 256] += 1
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def rec(id, content, **fields):
+    base = {
+        "id": id,
+        "source_turns": ["D1:1"],
+        "speaker": "Ann",
+        "content": content,
+        "type": "episodic",
+        "time": "2023-04-02",
+        "location": None,
+        "reason": None,
+        "purpose": None,
+        "keywords": ["Ann", "hiking", "Eagle Peak"],
+    }
+    return {**base, **fields}
+
+
+def index_problems(db: sqlite3.Connection) -> list[str]:
+    """Every index holds exactly the active records, once each; any other status is in no index."""
+    problems = []
+
+    def rows(sql: str) -> list[tuple]:
+        return sorted(tuple(r) for r in db.execute(sql).fetchall())
+
+    active = rows("SELECT user_id, id FROM records WHERE status='active'")
+    for table in ("records_fts", "vectors"):
+        held = rows(f"SELECT user_id, record_id FROM {table}")
+        if held != active:
+            problems.append(f"{table} holds {len(held)} rows for {len(active)} active records")
+    if sorted(set(rows("SELECT user_id, record_id FROM record_keywords"))) != active:
+        problems.append("record_keywords does not name exactly the active records")
+    return problems
+
+
+def revised_after_delete(db: sqlite3.Connection) -> list[str]:
+    """Records with a history entry after DELETE other than RESTORE: a deleted record that came back."""
+    bad, last = [], {}
+    rows = db.execute("SELECT user_id, record_id, version, action FROM record_history ORDER BY 1, 2, 3")
+    for user, record_id, _, action in rows:
+        if last.get((user, record_id)) == "DELETE" and action != "RESTORE":
+            bad.append(f"{record_id}: {action} after DELETE")
+        last[user, record_id] = action
+    return bad
+
+
+def check(memory: Memory) -> None:
+    with memory._store_lock:
+        assert index_problems(memory.store.db) == []
+        assert revised_after_delete(memory.store.db) == []
+        assert memory.store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# --- lifecycle ---------------------------------------------------------------------------------------
+
+
+def scripted(new: dict, candidate: dict, similarity: float) -> dict:
+    """MERGE or SUPERSEDE as the new record's content asks."""
+    memory = {k: new[k] for k in ("source_turns", "speaker", "type", "time", "location", "reason", "purpose")}
+    memory |= {"content": candidate["content"] + " Again.", "keywords": candidate["keywords"]}
+    memory["source_turns"] = list(dict.fromkeys(candidate["source_turns"] + new["source_turns"]))
+    action = "SUPERSEDE" if "superseding" in new["content"] else "MERGE"
+    return {"action": action, "memory": memory}
+
+
+OPERATIONS = ("delete", "patch", "merge", "supersede", "restore")
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(OPERATIONS)), ids="-".join)
+def test_lifecycle_in_every_order(words, order):
+    """Only an active record is revised, merged into, superseded or deleted; only a deleted one restored;
+    a superseded record is history for good. Every step leaves the indexes holding exactly the active."""
+    memory = Memory({"store": ":memory:"}, embedder=words, consolidator=scripted)
+    memory.add_records([rec("t", "Ann went hiking at Eagle Peak with her dog.")], user_id="ann")
+    status = "active"
+    for step, operation in enumerate(order):
+        allowed = {"restore": status == "deleted"}.get(operation, status == "active")
+        if operation in ("delete", "patch", "restore"):
+            call = {
+                "delete": lambda: memory.delete("t", user_id="ann"),
+                "patch": lambda: memory.update("t", user_id="ann", location="Eagle Peak"),
+                "restore": lambda: memory.restore("t", user_id="ann"),
+            }[operation]
+            if allowed:
+                call()
+                status = {"delete": "deleted", "restore": "active"}.get(operation, status)
+            else:
+                with pytest.raises(RecordStateError) as caught:
+                    call()
+                assert caught.value.status == status and isinstance(caught.value, ValueError)
+        else:  # a similar record arrives: consolidated with "t" only while "t" is active
+            word = "superseding" if operation == "supersede" else "merging"
+            new = rec(
+                f"n{step}", f"Ann went hiking at Eagle Peak with her dog ({word}).", source_turns=["D1:2"]
+            )
+            [event] = memory.add_records([new], user_id="ann")
+            if allowed:
+                assert (event["action"], event["target"]) == (operation.upper(), "t")
+                status = "superseded" if operation == "supersede" else status
+            else:
+                assert event["target"] != "t"
+                if event["action"] == "KEEP_BOTH":  # out of the way: "t" stays the only similar record
+                    memory.delete(new["id"], user_id="ann")
+        assert memory.get("t", user_id="ann")["status"] == status
+        found = [h.record["id"] for h in memory.search("hiking Eagle Peak dog", user_id="ann", k=10).hits]
+        assert ("t" in found) == (status == "active")
+        assert all(h.record["status"] == "active" for h in memory.search("hiking", user_id="ann").hits)
+        check(memory)
+
+
+def test_the_store_itself_refuses_to_revise_or_delete_a_record_that_is_not_active(words):
+    memory = Memory({"store": ":memory:"}, embedder=words)
+    memory.add_records([rec("t", "Ann went hiking.")], user_id="ann")
+    memory.delete("t", user_id="ann")
+    vector = words.encode(["x"])[0]
+    with pytest.raises(RecordStateError, match="'t' is deleted"), memory.store.transaction():
+        memory.store.revise("ann", "t", {"content": "back"}, vector, "UPDATE")
+    with pytest.raises(RecordStateError), memory.store.transaction():
+        memory.store.set_status("ann", "t", "deleted", "DELETE")  # a second delete is no silent no-op
+    with pytest.raises(RecordStateError, match="restore it first"):
+        memory.update("t", user_id="ann", content="Ann went climbing.")
+    with pytest.raises(KeyError):
+        memory.delete("nope", user_id="ann")
+    with pytest.raises(KeyError):
+        memory.restore("t", user_id="bob")  # another user's id is no one's
+    restored = memory.restore("t", user_id="ann")
+    assert restored["status"] == "active" and memory.history("t", user_id="ann")[-1]["action"] == "RESTORE"
+    assert [h.record["id"] for h in memory.search("hiking", user_id="ann").hits] == ["t"]
+    with pytest.raises(RecordStateError, match="only deleted records can be restored"):
+        memory.restore("t", user_id="ann")
+    check(memory)
+
+
+def test_a_merge_never_writes_into_a_record_deleted_while_it_was_decided(words, tmp_path):
+    """Another writer (its own connection) deletes the target between the decision and the write: the
+    transaction sees it under BEGIN IMMEDIATE and decides again; the deleted record stays deleted."""
+    path = str(tmp_path / "m.sqlite")
+    other = Memory({"store": path}, embedder=words)
+    deleted = []
+
+    def deleting_consolidator(new, candidate, similarity):
+        if candidate["id"] not in deleted:
+            other.delete(candidate["id"], user_id="ann")
+            deleted.append(candidate["id"])
+        return scripted(new, candidate, similarity)
+
+    memory = Memory({"store": path}, embedder=words, consolidator=deleting_consolidator)
+    memory.add_records([rec("t", "Ann went hiking at Eagle Peak with her dog.")], user_id="ann")
+    [event] = memory.add_records(
+        [rec("n", "Ann went hiking at Eagle Peak with her dog (merging).")], user_id="ann"
+    )
+    assert event["action"] == "KEEP_BOTH" and memory.get("t", user_id="ann")["status"] == "deleted"
+    assert [h["action"] for h in memory.history("t", user_id="ann")] == ["ADD", "DELETE"]
+    check(memory)
+
+
+def test_update_refuses_null_and_empty_fields_with_a_value_error(words):
+    memory = Memory({"store": ":memory:"}, embedder=words)
+    memory.add_records([rec("t", "Ann went hiking.")], user_id="ann")
+    for fields, says in [
+        ({"type": None}, "type"),
+        ({"keywords": None}, "keywords"),
+        ({"content": None}, "content"),
+        ({"content": "  "}, "content"),
+        ({"speaker": None}, "speaker"),
+        ({"keywords": []}, "keywords"),
+        ({"time": "2023-02-30"}, "time"),
+        ({}, "no field"),
+    ]:
+        with pytest.raises(ValueError, match=says) as caught:
+            memory.update("t", user_id="ann", **fields)
+        assert type(caught.value) is ValueError
+    assert memory.history("t", user_id="ann")[-1]["version"] == 1  # nothing written
+
+
+@pytest.mark.parametrize(
+    "words", ["yesterday", "last week", "last month", "last year", "what did I do last week?"]
+)
+def test_relative_times_at_the_edge_of_the_calendar_are_no_error(words):
+    assert parse_time(words, date(1, 1, 1)) is None
+    assert parse_time(words, date(9999, 12, 31)) is not None
+    assert parse_query_rules(words, "0001-01-01")["time"] is None
+
+
+def test_impossible_dates_in_a_question_parse_to_no_time(words):
+    assert parse_time("what happened on 2023-02-30?", date(2024, 1, 1)) is None
+    assert parse_time("what happened on february 30, 2023", date(2024, 1, 1)) is None
+    memory = Memory({"store": ":memory:"}, embedder=words)
+    memory.add_records([rec("t", "Ann went hiking.")], user_id="ann")
+    assert memory.search("what did Ann do last week?", user_id="ann", reference_date="0001-01-01").hits
+
+
+# --- concurrent writers on one file ----------------------------------------------------------------
+
+
+def test_concurrent_deletes_and_merges_on_one_file_never_revive_a_record(words, tmp_path):
+    """Threads on two Memory objects (two connections, as two processes would have) add records that merge
+    into each other while others delete them: no deleted record is ever revised, every index holds
+    exactly the active records."""
+    path = str(tmp_path / "m.sqlite")
+    memories = [Memory({"store": path}, embedder=words) for _ in range(2)]
+    errors = []
+
+    def adder(n: int) -> None:
+        memory = memories[n % 2]
+        try:
+            for i in range(12):
+                content = f"Ann went hiking at Eagle Peak with her dog, trip note {i % 3}."
+                memory.add_records([rec(f"a{n}-{i}", content, source_turns=[f"D{n}:{i}"])], user_id="ann")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    def deleter(n: int) -> None:
+        memory, rng = memories[n % 2], random.Random(n)
+        try:
+            for _ in range(15):
+                active = [r["id"] for r in memory.get_all(user_id="ann").memories]
+                if active:
+                    # merged away or deleted by another thread meanwhile: refused, not ignored
+                    with contextlib.suppress(RecordStateError, KeyError):
+                        memory.delete(rng.choice(active), user_id="ann")
+                time.sleep(0.005)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=adder, args=(n,)) for n in range(3)]
+    threads += [threading.Thread(target=deleter, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    statuses = {r["status"] for r in memories[0].get_all(user_id="ann", filters={"status": "any"}).memories}
+    assert "deleted" in statuses and "merged" in statuses  # both kinds of writes really happened
+    assert len(memories[0].get_all(user_id="ann", filters={"status": "any"}, limit=1000).memories) == 36
+    for memory in memories:
+        check(memory)
+
+
+# --- appends, crashes --------------------------------------------------------------------------------
+
+
+PLACES = ["museum", "lake", "market", "zoo", "library", "stadium", "harbour", "garden", "castle", "bakery"]
+
+
+def chat(n: int, start: int = 0) -> list[dict]:
+    """User/assistant messages, a new dated session every 10 messages."""
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"Message {i}: I visited the {PLACES[i % 10]} {i} with {PLACES[i // 10 % 10]} friends."
+            if i % 2 == 0
+            else f"Reply {i}: noted, the {PLACES[(i - 1) % 10]} sounds fun.",
+            "session_id": f"s{i // 10}",
+            "timestamp": f"{2000 + i // 3650:04d}-{i // 10 // 28 % 12 + 1:02d}-{i // 10 % 28 + 1:02d}",
+        }
+        for i in range(start, start + n)
+    ]
+
+
+def snapshot(memory: Memory, user_id: str) -> dict:
+    records = memory.get_all(user_id=user_id, filters={"status": "any"}, limit=10_000).memories
+    return {r["id"]: (r["status"], r["content"], r["version"], r["source_turns"]) for r in records}
+
+
+class FailingEmbedder:
+    """An embedder until `fail_after` calls, then an exception: an add dies midway."""
+
+    def __init__(self, embedder, fail_after: int):
+        self.embedder, self.calls, self.fail_after = embedder, 0, fail_after
+
+    def encode(self, texts):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("killed")
+        return self.embedder.encode(texts)
+
+
+def test_an_add_that_died_midway_is_completed_by_the_next_add_of_the_conversation(words, tmp_path):
+    """A crash leaves the add's windows pending; the next add (here: just the next turn) extracts them
+    again: the store ends as one uninterrupted add of all turns would have left it."""
+    config = {"store": str(tmp_path / "a.sqlite"), "windows": {"window": 4, "overlap": 1}}
+    dying = Memory(config, embedder=FailingEmbedder(words, fail_after=3))
+    messages = chat(300)
+    with pytest.raises(RuntimeError, match="killed"):
+        dying.add(messages[:299], user_id="ann", conversation_id="c1")
+    assert 0 < len(snapshot(dying, "ann")) < 150
+    memory = Memory(config, embedder=words)
+    memory.add(messages[299:], user_id="ann", conversation_id="c1")
+
+    clean = Memory({**config, "store": str(tmp_path / "b.sqlite")}, embedder=words)
+    clean.add(messages[:299], user_id="ann", conversation_id="c1")
+    clean.add(messages[299:], user_id="ann", conversation_id="c1")
+    assert snapshot(memory, "ann") == snapshot(clean, "ann") and len(snapshot(clean, "ann")) == 150
+    check(memory)
+
+
+KILLED_ADD = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[3])
+    from test_adversarial_runtime import WordEmbedder
+    from dimmem.runtime.memory import Memory
+    memory = Memory(
+        {"store": sys.argv[1], "windows": {"window": 4, "overlap": 1}}, embedder=WordEmbedder(0.004)
+    )
+    print("ready", flush=True)
+    with open(sys.argv[2], encoding="utf-8") as messages:
+        memory.add(json.load(messages), user_id="ann", conversation_id="c1")
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.integration
+def test_sigkill_during_add_then_a_retry_ends_as_one_clean_add(words, tmp_path):
+    messages = chat(1200)
+    db = str(tmp_path / "killed.sqlite")
+    request_file = tmp_path / "messages.json"
+    request_file.write_text(json.dumps(messages), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_ADD, db, str(request_file), os.path.dirname(__file__)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 120
+    stored = 0
+    while time.monotonic() < deadline and stored < 40:
+        time.sleep(0.02)
+        try:
+            with sqlite3.connect(db, timeout=5) as look:
+                stored = look.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        except sqlite3.OperationalError:
+            pass
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    config = {"store": db, "windows": {"window": 4, "overlap": 1}}
+    memory = Memory(config, embedder=words)
+    assert 0 < len(snapshot(memory, "ann")) < 600  # killed midway, turns stored, records missing
+    assert memory.store.turn_count("ann", "c1") == 1200
+    check(memory)
+    retry = memory.add(messages, user_id="ann", conversation_id="c1")
+    assert {e["action"] for e in retry.events} >= {"UNCHANGED"}
+
+    clean = Memory({**config, "store": str(tmp_path / "clean.sqlite")}, embedder=words)
+    clean.add(messages, user_id="ann", conversation_id="c1")
+    assert snapshot(memory, "ann") == snapshot(clean, "ann")
+    assert memory.store.pending_windows("ann", "c1") == []
+    check(memory)
+
+
+# --- fair share --------------------------------------------------------------------------------------
+
+
+class CountingEmbedder:
+    def __init__(self, embedder):
+        self.embedder, self.sizes = embedder, []
+
+    def encode(self, texts):
+        self.sizes.append(len(texts))
+        return self.embedder.encode(texts)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [pytest.param("slow words"), pytest.param("minilm", marks=pytest.mark.slow)],
+)
+def test_searches_keep_answering_while_another_thread_adds_a_large_conversation(model, request, tmp_path):
+    """No call holds the store or the embedder for a whole add: the worst search latency during a large
+    add is a small part of the add's duration, and no embedder call takes more than EMBED_BATCH texts."""
+    embedder = WordEmbedder(0.005) if model == "slow words" else request.getfixturevalue("embedder")
+    counting = CountingEmbedder(embedder)
+    memory = Memory({"store": str(tmp_path / "m.sqlite")}, embedder=counting)
+    memory.add(chat(20, start=10_000), user_id="bob")
+    latencies, done = [], threading.Event()
+
+    def search() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            assert memory.search("Which museum did I visit?", user_id="bob", k=5).hits
+            latencies.append(time.perf_counter() - start)
+
+    searcher = threading.Thread(target=search)
+    searcher.start()
+    time.sleep(0.2)
+    start = time.perf_counter()
+    result = memory.add(chat(900), user_id="ann", conversation_id="big")
+    duration = time.perf_counter() - start
+    done.set()
+    searcher.join()
+    assert len(result.events) == 450
+    assert max(counting.sizes) <= EMBED_BATCH
+    assert len(latencies) >= 10, (len(latencies), duration)
+    assert max(latencies) < duration / 4, (max(latencies), duration)

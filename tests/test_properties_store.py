@@ -1,0 +1,204 @@
+"""Property-based tests of the store (Hypothesis): random sequences of adds, updates, deletes, restores,
+reads, pages and searches for two users against a simple model of the expected state, with the real
+embedder and a real SQLite store. After every step: active <=> indexed (FTS, keywords, vectors), each
+record's history is its versions 1..n in order, pages partition the user's records, and nothing one user
+does shows up for the other."""
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dimmem.runtime.memory import Memory, RecordStateError
+
+USERS = ("ann", "bob")
+IDS = tuple(f"r{i}" for i in range(6))
+PHRASES = (
+    "went hiking at Eagle Peak with the dog",
+    "loves jazz and listens every evening",
+    "works as a nurse at the city hospital",
+    "adopted a beagle called Biscuit",
+    "moved to Oslo for a new job",
+    "went hiking at Eagle Peak with friends",
+)
+KEYWORDS = ("hiking", "Eagle Peak", "jazz", "nurse", "beagle", "Oslo", "dog")
+
+
+class CachedEmbedder:
+    """The real MiniLM embedder, each distinct text encoded once (the texts repeat across examples)."""
+
+    def __init__(self, embedder):
+        self.encode_one = lru_cache(maxsize=None)(lambda text: embedder.encode([text])[0])
+
+    def encode(self, texts):
+        return np.stack([self.encode_one(t) for t in texts]) if texts else np.zeros((0, 384), np.float32)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from dimmem.runtime.embed import Embedder
+
+    return CachedEmbedder(Embedder())
+
+
+def records(user: str):
+    speaker = user.capitalize()
+    return st.builds(
+        lambda id, phrase, type, time, keywords, turn: {
+            "id": id,
+            "source_turns": [f"D1:{turn}"],
+            "speaker": speaker,
+            "content": f"{speaker} {phrase}.",
+            "type": type,
+            "time": time,
+            "location": None,
+            "reason": None,
+            "purpose": None,
+            "keywords": [speaker, *keywords],
+        },
+        st.sampled_from(IDS),
+        st.sampled_from(PHRASES),
+        st.sampled_from(("fact", "episodic", "profile")),
+        st.sampled_from((None, "2023-04-02", "2023-05")),
+        st.lists(st.sampled_from(KEYWORDS), min_size=1, max_size=3, unique=True),
+        st.integers(1, 9),
+    )
+
+
+users = st.sampled_from(USERS)
+ids = st.sampled_from(IDS)
+updates = st.fixed_dictionaries(
+    {},
+    optional={
+        "content": st.sampled_from(PHRASES).map(lambda p: f"Someone {p}."),
+        "location": st.sampled_from((None, "Eagle Peak", "Oslo")),
+        "keywords": st.lists(st.sampled_from(KEYWORDS), min_size=1, max_size=2, unique=True),
+        "time": st.sampled_from((None, "2023-04")),
+    },
+).filter(bool)
+operations = st.one_of(
+    st.tuples(st.just("add"), users, st.booleans()).flatmap(
+        lambda t: st.tuples(
+            st.just(t[0]), st.just(t[1]), st.lists(records(t[1]), min_size=1, max_size=3), st.just(t[2])
+        )
+    ),
+    st.tuples(st.just("update"), users, ids, updates),
+    st.tuples(st.just("delete"), users, ids),
+    st.tuples(st.just("restore"), users, ids),
+    st.tuples(st.just("get"), users, ids),
+    st.tuples(st.just("page"), users, st.integers(1, 4), st.sampled_from(("any", "active", "deleted"))),
+    st.tuples(st.just("search"), users, st.sampled_from(PHRASES + ("jazz", "Eagle Peak"))),
+)
+
+
+def run(memory: Memory, model: dict, operation: tuple) -> None:
+    """Apply one operation to the store and to the model, checking what the store answers."""
+    kind, user = operation[0], operation[1]
+    if kind == "add":
+        _, _, batch, consolidate = operation
+        events = memory.add_records(batch, user_id=user, consolidate=consolidate)
+        assert [e["id"] for e in events] == [r["id"] for r in batch]
+        for record, event in zip(batch, events):
+            key = (user, record["id"])
+            if key in model:
+                assert event["action"] == "UNCHANGED"
+                continue
+            action, target = event["action"], event["target"]
+            assert action in ("ADD", "KEEP_BOTH", "MERGE", "SUPERSEDE") and (
+                action in ("ADD", "KEEP_BOTH")
+            ) == (target is None)
+            assert consolidate or action == "ADD"
+            if target is not None:
+                assert model[user, target]["status"] == "active"  # consolidated only with an active record
+                model[user, target]["version"] += 1
+            if action == "MERGE":
+                model[user, target]["fields"] = None  # the merged fields are the consolidator's
+                model[key] = {"status": "merged", "version": 2, "fields": record}
+            else:
+                if action == "SUPERSEDE":
+                    model[user, target]["status"] = "superseded"
+                    record = None  # the decision's memory
+                model[key] = {"status": "active", "version": 1, "fields": record}
+    elif kind in ("update", "delete", "restore"):
+        record_id = operation[2]
+        state = model.get((user, record_id))
+        call = {
+            "update": lambda: memory.update(record_id, user_id=user, **operation[3]),
+            "delete": lambda: memory.delete(record_id, user_id=user),
+            "restore": lambda: memory.restore(record_id, user_id=user),
+        }[kind]
+        allowed = "deleted" if kind == "restore" else "active"
+        if state is None:
+            with pytest.raises(KeyError):
+                call()
+        elif state["status"] != allowed:
+            with pytest.raises(RecordStateError):
+                call()
+        else:
+            call()
+            state["version"] += 1
+            state["status"] = {"delete": "deleted", "restore": "active"}.get(kind, state["status"])
+            if kind == "update" and state["fields"] is not None:
+                state["fields"] = {**state["fields"], **operation[3]}
+    elif kind == "get":
+        got, state = memory.get(operation[2], user_id=user), model.get((user, operation[2]))
+        assert (got is None) == (state is None)
+        if got is not None:
+            assert (got["status"], got["version"]) == (state["status"], state["version"])
+            if state["fields"] is not None:
+                assert {k: got[k] for k in state["fields"] if k != "id"} == {
+                    k: v for k, v in state["fields"].items() if k != "id"
+                }
+    elif kind == "page":
+        _, _, limit, status = operation
+        seen, cursor = [], None
+        while True:
+            page = memory.get_all(user_id=user, filters={"status": status}, limit=limit, cursor=cursor)
+            assert len(page.memories) <= limit and all(r["user_id"] == user for r in page.memories)
+            seen += [r["id"] for r in page.memories]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        expected = {i for (u, i), s in model.items() if u == user and status in ("any", s["status"])}
+        assert len(seen) == len(set(seen)) and set(seen) == expected  # the pages partition the records
+    elif kind == "search":
+        hits = memory.search(operation[2], user_id=user, k=20).hits
+        active = {i for (u, i), s in model.items() if u == user and s["status"] == "active"}
+        assert {h.record["id"] for h in hits} <= active and all(h.record["user_id"] == user for h in hits)
+
+
+def check_invariants(memory: Memory, model: dict) -> None:
+    db = memory.store.db
+    for user in USERS:
+        rows = db.execute("SELECT id, status, version FROM records WHERE user_id=?", (user,)).fetchall()
+        stored = {r[0]: (r[1], r[2]) for r in rows}
+        expected = {i: (s["status"], s["version"]) for (u, i), s in model.items() if u == user}
+        assert stored == expected, user  # nothing another user did shows up here
+        active = {i for i, (status, _) in stored.items() if status == "active"}
+        for table in ("records_fts", "vectors"):
+            held = [r[0] for r in db.execute(f"SELECT record_id FROM {table} WHERE user_id=?", (user,))]
+            assert len(held) == len(set(held)) and set(held) == active, table
+        keywords = {
+            r[0] for r in db.execute("SELECT record_id FROM record_keywords WHERE user_id=?", (user,))
+        }
+        assert keywords == active
+        for record_id, (_, version) in stored.items():
+            history = [h["version"] for h in memory.history(record_id, user_id=user)]
+            assert history == list(range(1, version + 1))  # strictly increasing, one entry per version
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(operations, min_size=1, max_size=12))
+def test_random_operation_sequences_keep_the_store_equal_to_the_model(embedder, tmp_path_factory, steps):
+    path = tmp_path_factory.mktemp("store") / "m.sqlite"
+    memory = Memory({"store": str(path)}, embedder=embedder)
+    model: dict = {}
+    try:
+        for operation in steps:
+            run(memory, model, operation)
+            check_invariants(memory, model)
+        assert memory.store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        memory.store.close()
