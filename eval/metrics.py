@@ -136,7 +136,7 @@ def score_window(
 
 
 def aggregate(windows: list[dict]) -> dict:
-    """Run-level metrics; see the README's metric definitions."""
+    """Run-level metrics; docs/eval.md defines each."""
     n = len(windows)
     rate = lambda key: sum(w[key] for w in windows) / n if n else 0.0  # noqa: E731
     predicted, reference, matched = (

@@ -1,5 +1,5 @@
-"""The layering of DESIGN.md, held: `dimmem` starts without the heavy stacks (a stage is imported only when
-its subcommand runs), and import-linter's contracts (.importlinter) are kept."""
+"""The layering of ARCHITECTURE.md, held: `dimmem` starts without the heavy stacks (a stage is imported
+only when its subcommand runs), and import-linter's contracts (.importlinter) are kept."""
 
 import os
 import re
