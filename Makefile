@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# style and the layer contract of DESIGN.md (.importlinter)
+# style and the layer contract of ARCHITECTURE.md (.importlinter)
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

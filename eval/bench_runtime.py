@@ -30,7 +30,7 @@ from dimmem.runtime.embed import Embedder
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
-from dimmem.runtime.store import MemoryStore
+from dimmem.runtime.stores.sqlite import SQLiteStore
 from dimmem.runtime.vector_index import VectorIndex
 from eval.retrieval import observation_records
 
@@ -102,7 +102,7 @@ def bench_size(
     import bm25s
 
     path = workdir / f"store-{n}.sqlite"
-    store = MemoryStore(path)
+    store = SQLiteStore(path)
     start, batch = time.perf_counter(), 10_000
     rows = synthetic(n, texts, vectors)
     with tqdm(total=n, desc=f"fill {n:,}", unit="rec", disable=None) as bar:
@@ -171,8 +171,8 @@ def bench_size(
 
     # the runtime as users call it, with its default exact/HNSW choice
     memory = Memory({"store": str(path)}, embedder=embedder)
-    memory.vectors = ann if n >= memory.vectors.ann_min else exact  # already loaded (timed above)
-    memory.vectors.store = memory.store
+    memory.store.index = ann if n >= memory.store.index.ann_min else exact  # already loaded (timed above)
+    memory.store.index.store = memory.store
     ann = exact = None  # the index the runtime does not use can be freed
     _, searches = timed(
         lambda q: memory.search(q, user_id="bench", k=10, reference_date="2023-10-01"), [(q,) for q, _ in qs]

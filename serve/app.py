@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 
 from dimmem.contract.conversation import DataFormatError
 from dimmem.runtime.memory import Memory, RecordStateError
-from serve.config import ServeConfig
+from serve.config import CONFIG_ENV, ServeConfig
 from serve.deps import Metrics, ServiceState
 from serve.guard import Guard, clip
 from serve.routes import memories, ops, search
@@ -75,6 +75,17 @@ def build_app(config: ServeConfig, memory: Memory | None = None) -> FastAPI:
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The app of a worker process (`dimmem serve api --workers N`): built from the config the parent
+    validated and put in `DIMMEM_SERVE_CONFIG`; keys come from the environment as in the parent."""
+    import os
+
+    from serve.server import clip_access_log
+
+    clip_access_log()  # each worker configures its own logging
+    return build_app(ServeConfig.model_validate_json(os.environ[CONFIG_ENV]))
 
 
 def _clipped(value, depth: int = 0):

@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument("--host")
     api.add_argument("--port", type=int)
     api.add_argument(
+        "--workers", type=int, help="worker processes over one store (default 1; share a Postgres store)"
+    )
+    api.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -86,8 +89,13 @@ def run_api(args: argparse.Namespace) -> int:
     from serve.config import MIN_KEY_CHARS, load_serve_config
     from serve.server import serve
 
-    config = load_serve_config(args.config, args.overrides, host=args.host, port=args.port)
-    app = build_app(config)  # refuses missing, empty or shared keys and names, naming the variables
+    config = load_serve_config(
+        args.config, args.overrides, host=args.host, port=args.port, workers=args.workers
+    )
+    # refuses missing, empty or shared keys and names, naming the variables, before anything starts;
+    # with several workers each builds its own app (runtime, embedder, store connections)
+    config.keys(), config.operator_key()
+    app = build_app(config) if config.workers == 1 else None
     for variable in config.weak_keys():
         print(
             f"warning: the API key in {variable} is shorter than {MIN_KEY_CHARS} characters", file=sys.stderr
@@ -96,7 +104,12 @@ def run_api(args: argparse.Namespace) -> int:
     metrics = "operator key" if config.operator_key_env else "off"
     print(
         json.dumps(
-            {"listening": f"http://{config.host}:{config.port}", "tenants": tenants, "metrics": metrics}
+            {
+                "listening": f"http://{config.host}:{config.port}",
+                "tenants": tenants,
+                "metrics": metrics,
+                "workers": config.workers,
+            }
         )
     )
     serve(app, config)

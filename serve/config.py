@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dimmem.config import Section, load_config
 
+CONFIG_ENV = "DIMMEM_SERVE_CONFIG"  # the validated config as JSON, for `--workers` processes
 MIN_KEY_CHARS = 16  # shorter keys are accepted with a warning (serve/cli.py prints it)
 
 
@@ -47,6 +48,9 @@ class ServeConfig(Section):
     max_page_size: int = Field(1_000, ge=1, description="GET /v1/memories: a larger limit is capped to this")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    workers: int = Field(
+        1, ge=1, description="worker processes; more than one needs a store they can share (Postgres)"
+    )
 
     @field_validator("tenants")
     @classmethod

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from starlette.routing import BaseRoute, Match
 
-PUBLIC = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PUBLIC = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 ECHO_CHARS = 80
 
 

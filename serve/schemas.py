@@ -168,7 +168,9 @@ class ExtractResponse(_Answer):
 
 class HistoryEntry(_Answer):
     version: int
-    action: str = Field(description="ADD, UPDATE, DELETE, MERGE <id>, MERGED_INTO <id>, SUPERSEDED_BY <id>")
+    action: str = Field(
+        description="ADD, UPDATE, DELETE, RESTORE, MERGE <id>, MERGED_INTO <id>, SUPERSEDED_BY <id>"
+    )
     at: float = Field(description="Unix time")
     record: StoredMemory = Field(description="the record as this version left it")
 
@@ -180,3 +182,8 @@ class MemoryPage(_Answer):
 
 class Health(_Answer):
     status: Literal["ok"]
+
+
+class Readiness(_Answer):
+    status: Literal["ready", "unavailable"]
+    detail: str | None  # why not, when unavailable

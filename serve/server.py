@@ -12,13 +12,15 @@ request line of `max_url_bytes` and `max_header_bytes` of headers; a URL that fi
 from __future__ import annotations
 
 import logging
+import os
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from serve.config import ServeConfig
+from serve.config import CONFIG_ENV, ServeConfig
 from serve.guard import clip
 
+MAX_URL_ENV = "DIMMEM_MAX_URL_BYTES"
 LINGER_S = 10.0
 LINGER_BYTES = 16 * 1024 * 1024
 REQUEST_LINE_SLACK = 32  # "PATCH " + " HTTP/1.1\r\n"
@@ -26,8 +28,13 @@ ACCESS_LOG_PATH_CHARS = 200
 
 
 class GuardedH11Protocol(H11Protocol):
-    max_url_bytes = 8_192
     _dropped: int | None = None  # bytes read and dropped since the answer; None: not lingering
+
+    @property
+    def max_url_bytes(self) -> int:
+        """The config's limit, from the environment `serve` sets: worker processes load this class by
+        reference, so it carries no state of its own."""
+        return int(os.environ.get(MAX_URL_ENV, "8192"))
 
     def data_received(self, data: bytes) -> None:
         if self._dropped is None:
@@ -85,18 +92,33 @@ class _ClipAccessLog(logging.Filter):
         return True
 
 
-def serve(app, config: ServeConfig, log_level: str = "info") -> None:
-    """Run `app` with uvicorn on the config's host and port, with the request-head limits above."""
-    import uvicorn
+def clip_access_log() -> None:
+    logging.getLogger("uvicorn.access").addFilter(_ClipAccessLog())
 
-    protocol = type("Protocol", (GuardedH11Protocol,), {"max_url_bytes": config.max_url_bytes})
-    server_config = uvicorn.Config(
-        app,
+
+def serve(app, config: ServeConfig, log_level: str = "info") -> None:
+    """Run the service with uvicorn on the config's host and port, with the request-head limits above:
+    `app` in this process, or with `config.workers` > 1 that many worker processes sharing the socket,
+    each building its own app from the config (`serve.app.app_from_environment`); uvicorn restarts a
+    worker that dies."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ[MAX_URL_ENV] = str(config.max_url_bytes)
+    head = config.max_url_bytes + config.max_header_bytes + REQUEST_LINE_SLACK
+    common = dict(
         host=config.host,
         port=config.port,
         log_level=log_level,
-        http=protocol,
-        h11_max_incomplete_event_size=config.max_url_bytes + config.max_header_bytes + REQUEST_LINE_SLACK,
+        http=GuardedH11Protocol,
+        h11_max_incomplete_event_size=head,
     )
-    logging.getLogger("uvicorn.access").addFilter(_ClipAccessLog())
-    uvicorn.Server(server_config).run()
+    clip_access_log()
+    if config.workers == 1:
+        uvicorn.Server(uvicorn.Config(app, **common)).run()
+        return
+    os.environ[CONFIG_ENV] = config.model_dump_json()
+    server_config = uvicorn.Config(
+        "serve.app:app_from_environment", factory=True, workers=config.workers, **common
+    )
+    Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()

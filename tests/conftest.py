@@ -42,3 +42,65 @@ def make_conversation(n_turns: int, sessions: int = 1, text: str = "hello there"
         for i in range(n_turns)
     ]
     return Conversation(id="c", turns=turns)
+
+
+# --- the runtime's two store backends (ARCHITECTURE.md: every behavioural test runs on both) ---------------
+# `backend` is "sqlite" or "postgres"; the Postgres parameter is an integration test (plain `pytest` stays
+# fast; `make test` runs `-m ""`). One embedded Postgres serves the whole session; each store a test asks
+# for is a fresh database, copied from a migrated template, so tests never see each other's rows.
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory):
+    """The session's embedded Postgres (tests/pg_server.py), started on first use."""
+    from pg_server import start
+
+    server = start(tmp_path_factory.mktemp("pg") / "data")
+    print(f"embedded Postgres started in {server.start_seconds:.2f} s")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store_urls(backend, tmp_path, request):
+    """`store_urls(name)`: the URL of this test's store `name` (one per name; each a fresh empty store)."""
+    made: dict[str, str] = {}
+
+    def url(name: str = "m") -> str:
+        if name not in made:
+            if backend == "sqlite":
+                made[name] = str(tmp_path / f"{name}.sqlite")
+            else:
+                made[name] = request.getfixturevalue("pg_server").fresh_database()
+        return made[name]
+
+    return url
+
+
+@pytest.fixture
+def store_url(store_urls) -> str:
+    return store_urls("m")
+
+
+@pytest.fixture
+def memory_factory(store_urls):
+    """`memory_factory(config=None, store="m", **components)`: a Memory over this test's store `store`
+    (closed after the test)."""
+    from dimmem.runtime.memory import Memory
+
+    made = []
+
+    def factory(config: dict | None = None, *, store: str = "m", **components):
+        memory = Memory({**(config or {}), "store": store_urls(store)}, **components)
+        made.append(memory)
+        return memory
+
+    yield factory
+    for memory in made:
+        memory.close()

@@ -1,6 +1,7 @@
 """The runtime part of the standing adversarial suite (issue 17): the record lifecycle in every order and
 under concurrent writers on one file, appends to a conversation, a crash in the middle of an add, a
-maximal add next to searches, and hostile inputs to the query parser and to update."""
+maximal add next to searches, and hostile inputs to the query parser and to update. The store behaviours
+run on both backends (`memory_factory`, tests/conftest.py); `check` reads each backend's own tables."""
 
 import contextlib
 import itertools
@@ -23,6 +24,7 @@ import pytest
 
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
+from dimmem.runtime.stores.sqlite import SQLiteStore
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +49,10 @@ class WordEmbedder:
 
     def encode(self, texts):
         time.sleep(self.seconds_per_text * len(texts))
-        out = np.zeros((len(texts), 256), dtype=np.float32)
+        out = np.zeros((len(texts), 384), dtype=np.float32)  # MiniLM's width, as the Postgres column
         for row, text in enumerate(texts):
             for word in re.findall(r"\w+", text.lower()):
-                out[row, zlib.crc32(word.encode()) % 256] += 1
+                out[row, zlib.crc32(word.encode()) % 384] += 1
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
@@ -98,11 +100,56 @@ def revised_after_delete(db: sqlite3.Connection) -> list[str]:
     return bad
 
 
+def pg_index_problems(conn) -> list[str]:
+    """Postgres: keywords and embeddings exactly for the active records, the BM25 statistics exact."""
+    problems = []
+
+    def rows(sql: str) -> list[tuple]:
+        return sorted(tuple(r) for r in conn.execute(sql).fetchall())
+
+    active = rows("SELECT user_id, id FROM records WHERE status='active'")
+    if rows("SELECT user_id, id FROM records WHERE embedding IS NOT NULL") != active:
+        problems.append("embeddings are not exactly the active records'")
+    if rows("SELECT DISTINCT user_id, record_id FROM record_keywords") != active:
+        problems.append("record_keywords does not name exactly the active records")
+    stats = rows(
+        "SELECT s.user_id, s.docs, s.tokens, count(r.id), coalesce(sum(r.search_tokens), 0) "
+        "FROM user_stats s LEFT JOIN records r "
+        "ON r.tenant = s.tenant AND r.user_id = s.user_id AND r.status = 'active' "
+        "GROUP BY s.user_id, s.docs, s.tokens"
+    )
+    problems += [
+        f"user_stats of {u}: {d}/{t}, records {n}/{k}" for u, d, t, n, k in stats if (d, t) != (n, k)
+    ]
+    return problems
+
+
 def check(memory: Memory) -> None:
-    with memory._store_lock:
-        assert index_problems(memory.store.db) == []
-        assert revised_after_delete(memory.store.db) == []
-        assert memory.store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    if isinstance(memory.store, SQLiteStore):
+        with memory._store_lock:
+            assert index_problems(memory.store.db) == []
+            assert revised_after_delete(memory.store.db) == []
+            assert memory.store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return
+    import psycopg
+
+    with psycopg.connect(memory.store.url) as conn:  # the superuser: every tenant
+        assert pg_index_problems(conn) == []
+        assert revised_after_delete(conn) == []
+
+
+def count_records(url: str) -> int:
+    """Records stored so far, read from outside the runtime (0 while the store is busy)."""
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    try:
+        with sqlite3.connect(url, timeout=5) as look:
+            return look.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
 
 
 # --- lifecycle ---------------------------------------------------------------------------------------
@@ -121,10 +168,10 @@ OPERATIONS = ("delete", "patch", "merge", "supersede", "restore")
 
 
 @pytest.mark.parametrize("order", list(itertools.permutations(OPERATIONS)), ids="-".join)
-def test_lifecycle_in_every_order(words, order):
+def test_lifecycle_in_every_order(words, order, memory_factory):
     """Only an active record is revised, merged into, superseded or deleted; only a deleted one restored;
     a superseded record is history for good. Every step leaves the indexes holding exactly the active."""
-    memory = Memory({"store": ":memory:"}, embedder=words, consolidator=scripted)
+    memory = memory_factory(embedder=words, consolidator=scripted)
     memory.add_records([rec("t", "Ann went hiking at Eagle Peak with her dog.")], user_id="ann")
     status = "active"
     for step, operation in enumerate(order):
@@ -162,8 +209,8 @@ def test_lifecycle_in_every_order(words, order):
         check(memory)
 
 
-def test_the_store_itself_refuses_to_revise_or_delete_a_record_that_is_not_active(words):
-    memory = Memory({"store": ":memory:"}, embedder=words)
+def test_the_store_itself_refuses_to_revise_or_delete_a_record_that_is_not_active(words, memory_factory):
+    memory = memory_factory(embedder=words)
     memory.add_records([rec("t", "Ann went hiking.")], user_id="ann")
     memory.delete("t", user_id="ann")
     vector = words.encode(["x"])[0]
@@ -171,6 +218,11 @@ def test_the_store_itself_refuses_to_revise_or_delete_a_record_that_is_not_activ
         memory.store.revise("ann", "t", {"content": "back"}, vector, "UPDATE")
     with pytest.raises(RecordStateError), memory.store.transaction():
         memory.store.set_status("ann", "t", "deleted", "DELETE")  # a second delete is no silent no-op
+    with (
+        pytest.raises(ValueError, match="expected superseded, merged or deleted"),
+        memory.store.transaction(),
+    ):
+        memory.store.set_status("ann", "t", "active", "UNDELETE")  # only restore brings a record back
     with pytest.raises(RecordStateError, match="restore it first"):
         memory.update("t", user_id="ann", content="Ann went climbing.")
     with pytest.raises(KeyError):
@@ -185,11 +237,11 @@ def test_the_store_itself_refuses_to_revise_or_delete_a_record_that_is_not_activ
     check(memory)
 
 
-def test_a_merge_never_writes_into_a_record_deleted_while_it_was_decided(words, tmp_path):
+def test_a_merge_never_writes_into_a_record_deleted_while_it_was_decided(words, memory_factory):
     """Another writer (its own connection) deletes the target between the decision and the write: the
-    transaction sees it under BEGIN IMMEDIATE and decides again; the deleted record stays deleted."""
-    path = str(tmp_path / "m.sqlite")
-    other = Memory({"store": path}, embedder=words)
+    transaction sees it (SQLite: under BEGIN IMMEDIATE; Postgres: under the user's lock) and decides
+    again; the deleted record stays deleted."""
+    other = memory_factory(embedder=words)
     deleted = []
 
     def deleting_consolidator(new, candidate, similarity):
@@ -198,7 +250,7 @@ def test_a_merge_never_writes_into_a_record_deleted_while_it_was_decided(words, 
             deleted.append(candidate["id"])
         return scripted(new, candidate, similarity)
 
-    memory = Memory({"store": path}, embedder=words, consolidator=deleting_consolidator)
+    memory = memory_factory(embedder=words, consolidator=deleting_consolidator)
     memory.add_records([rec("t", "Ann went hiking at Eagle Peak with her dog.")], user_id="ann")
     [event] = memory.add_records(
         [rec("n", "Ann went hiking at Eagle Peak with her dog (merging).")], user_id="ann"
@@ -208,8 +260,8 @@ def test_a_merge_never_writes_into_a_record_deleted_while_it_was_decided(words, 
     check(memory)
 
 
-def test_update_refuses_null_and_empty_fields_with_a_value_error(words):
-    memory = Memory({"store": ":memory:"}, embedder=words)
+def test_update_refuses_null_and_empty_fields_with_a_value_error(words, memory_factory):
+    memory = memory_factory(embedder=words)
     memory.add_records([rec("t", "Ann went hiking.")], user_id="ann")
     for fields, says in [
         ({"type": None}, "type"),
@@ -236,10 +288,10 @@ def test_relative_times_at_the_edge_of_the_calendar_are_no_error(words):
     assert parse_query_rules(words, "0001-01-01")["time"] is None
 
 
-def test_impossible_dates_in_a_question_parse_to_no_time(words):
+def test_impossible_dates_in_a_question_parse_to_no_time(words, memory_factory):
     assert parse_time("what happened on 2023-02-30?", date(2024, 1, 1)) is None
     assert parse_time("what happened on february 30, 2023", date(2024, 1, 1)) is None
-    memory = Memory({"store": ":memory:"}, embedder=words)
+    memory = memory_factory(embedder=words)
     memory.add_records([rec("t", "Ann went hiking.")], user_id="ann")
     assert memory.search("what did Ann do last week?", user_id="ann", reference_date="0001-01-01").hits
 
@@ -247,12 +299,11 @@ def test_impossible_dates_in_a_question_parse_to_no_time(words):
 # --- concurrent writers on one file ----------------------------------------------------------------
 
 
-def test_concurrent_deletes_and_merges_on_one_file_never_revive_a_record(words, tmp_path):
-    """Threads on two Memory objects (two connections, as two processes would have) add records that merge
-    into each other while others delete them: no deleted record is ever revised, every index holds
-    exactly the active records."""
-    path = str(tmp_path / "m.sqlite")
-    memories = [Memory({"store": path}, embedder=words) for _ in range(2)]
+def test_concurrent_deletes_and_merges_on_one_store_never_revive_a_record(words, memory_factory):
+    """Threads on two Memory objects (two connections or pools, as two processes would have) add records
+    that merge into each other while others delete them: no deleted record is ever revised, every index
+    holds exactly the active records."""
+    memories = [memory_factory(embedder=words) for _ in range(2)]
     errors = []
 
     def adder(n: int) -> None:
@@ -330,19 +381,19 @@ class FailingEmbedder:
         return self.embedder.encode(texts)
 
 
-def test_an_add_that_died_midway_is_completed_by_the_next_add_of_the_conversation(words, tmp_path):
+def test_an_add_that_died_midway_is_completed_by_the_next_add_of_the_conversation(words, memory_factory):
     """A crash leaves the add's windows pending; the next add (here: just the next turn) extracts them
     again: the store ends as one uninterrupted add of all turns would have left it."""
-    config = {"store": str(tmp_path / "a.sqlite"), "windows": {"window": 4, "overlap": 1}}
-    dying = Memory(config, embedder=FailingEmbedder(words, fail_after=3))
+    config = {"windows": {"window": 4, "overlap": 1}}
+    dying = memory_factory(config, store="a", embedder=FailingEmbedder(words, fail_after=3))
     messages = chat(300)
     with pytest.raises(RuntimeError, match="killed"):
         dying.add(messages[:299], user_id="ann", conversation_id="c1")
     assert 0 < len(snapshot(dying, "ann")) < 150
-    memory = Memory(config, embedder=words)
+    memory = memory_factory(config, store="a", embedder=words)
     memory.add(messages[299:], user_id="ann", conversation_id="c1")
 
-    clean = Memory({**config, "store": str(tmp_path / "b.sqlite")}, embedder=words)
+    clean = memory_factory(config, store="b", embedder=words)
     clean.add(messages[:299], user_id="ann", conversation_id="c1")
     clean.add(messages[299:], user_id="ann", conversation_id="c1")
     assert snapshot(memory, "ann") == snapshot(clean, "ann") and len(snapshot(clean, "ann")) == 150
@@ -367,9 +418,9 @@ KILLED_ADD = textwrap.dedent(
 
 
 @pytest.mark.integration
-def test_sigkill_during_add_then_a_retry_ends_as_one_clean_add(words, tmp_path):
+def test_sigkill_during_add_then_a_retry_ends_as_one_clean_add(words, tmp_path, store_urls, memory_factory):
     messages = chat(1200)
-    db = str(tmp_path / "killed.sqlite")
+    db = store_urls("killed")
     request_file = tmp_path / "messages.json"
     request_file.write_text(json.dumps(messages), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -384,22 +435,18 @@ def test_sigkill_during_add_then_a_retry_ends_as_one_clean_add(words, tmp_path):
     stored = 0
     while time.monotonic() < deadline and stored < 40:
         time.sleep(0.02)
-        try:
-            with sqlite3.connect(db, timeout=5) as look:
-                stored = look.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-        except sqlite3.OperationalError:
-            pass
+        stored = count_records(db)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    config = {"store": db, "windows": {"window": 4, "overlap": 1}}
-    memory = Memory(config, embedder=words)
+    config = {"windows": {"window": 4, "overlap": 1}}
+    memory = memory_factory(config, store="killed", embedder=words)
     assert 0 < len(snapshot(memory, "ann")) < 600  # killed midway, turns stored, records missing
     assert memory.store.turn_count("ann", "c1") == 1200
     check(memory)
     retry = memory.add(messages, user_id="ann", conversation_id="c1")
     assert {e["action"] for e in retry.events} >= {"UNCHANGED"}
 
-    clean = Memory({**config, "store": str(tmp_path / "clean.sqlite")}, embedder=words)
+    clean = memory_factory(config, store="clean", embedder=words)
     clean.add(messages, user_id="ann", conversation_id="c1")
     assert snapshot(memory, "ann") == snapshot(clean, "ann")
     assert memory.store.pending_windows("ann", "c1") == []
@@ -422,12 +469,14 @@ class CountingEmbedder:
     "model",
     [pytest.param("slow words"), pytest.param("minilm", marks=pytest.mark.slow)],
 )
-def test_searches_keep_answering_while_another_thread_adds_a_large_conversation(model, request, tmp_path):
+def test_searches_keep_answering_while_another_thread_adds_a_large_conversation(
+    model, request, memory_factory
+):
     """No call holds the store or the embedder for a whole add: the worst search latency during a large
     add is a small part of the add's duration, and no embedder call takes more than EMBED_BATCH texts."""
     embedder = WordEmbedder(0.005) if model == "slow words" else request.getfixturevalue("embedder")
     counting = CountingEmbedder(embedder)
-    memory = Memory({"store": str(tmp_path / "m.sqlite")}, embedder=counting)
+    memory = memory_factory(embedder=counting)
     memory.add(chat(20, start=10_000), user_id="bob")
     latencies, done = [], threading.Event()
 

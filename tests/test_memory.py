@@ -1,5 +1,6 @@
 """The memory runtime: user isolation, durability under SIGKILL, concurrent writers, history, and each
-retrieval path finding what it should, with the real MiniLM embedder."""
+retrieval path finding what it should, with the real MiniLM embedder; each behaviour on both store
+backends (the `backend` fixture of tests/conftest.py: SQLite, and Postgres as an integration test)."""
 
 import json
 import os
@@ -13,7 +14,8 @@ import pytest
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
-from dimmem.runtime.store import MIGRATIONS, MemoryStore
+from dimmem.runtime.stores import open_store
+from dimmem.runtime.stores.sqlite import MIGRATIONS, SQLiteStore
 
 
 def rec(**fields):
@@ -62,8 +64,8 @@ def embedder():
 
 
 @pytest.fixture
-def memory(embedder, tmp_path):
-    return Memory({"store": str(tmp_path / "m.sqlite")}, embedder=embedder)
+def memory(embedder, memory_factory):
+    return memory_factory(embedder=embedder)
 
 
 def test_users_never_see_each_other(memory):
@@ -144,7 +146,7 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
     assert history[0]["record"]["content"] == "Ann lives in Denver."
 
 
-def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, tmp_path):
+def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, memory_factory):
     first = rec(
         id="trip-1",
         content="Ann went camping at the lake.",
@@ -169,8 +171,8 @@ def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory
     )
     assert [h["action"] for h in memory.history("trip-1", user_id="ann")] == ["ADD", "MERGE trip-2"]
 
-    broken = Memory(
-        {"store": str(tmp_path / "b.sqlite")},
+    broken = memory_factory(
+        store="b",
         embedder=embedder,
         consolidator=lambda new, old, sim: {"action": "MERGE", "memory": {**new, "time": "someday"}},
     )
@@ -249,25 +251,27 @@ def test_assistant_recall_follows_the_pointer(memory):
     assert memory.stats["assistant_recalls"] == 1
 
 
-def test_export_import_round_trip(memory, tmp_path, embedder):
+def test_export_import_round_trip(memory, tmp_path, embedder, memory_factory):
     memory.add_records([HIKE_APRIL, JAZZ], user_id="ann")
     assert memory.export_jsonl(tmp_path / "ann.jsonl", user_id="ann") == 2
-    other = Memory({"store": str(tmp_path / "other.sqlite")}, embedder=embedder)
+    other = memory_factory(store="other", embedder=embedder)
     assert other.import_jsonl(tmp_path / "ann.jsonl", user_id="ann") == 2
     assert other.get("jazz", user_id="ann")["content"] == JAZZ["content"]
 
 
-def test_migrations_are_recorded(tmp_path):
-    store = MemoryStore(tmp_path / "s.sqlite")
+def test_migrations_are_recorded(tmp_path):  # SQLite only: PRAGMA user_version (Postgres: test_pg_store)
+    store = SQLiteStore(tmp_path / "s.sqlite", migrate=False)
+    assert store.schema_version() == 0 and not store.ping()
+    assert store.migrate() == len(MIGRATIONS) and store.ping() and store.serialized
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     store.close()
-    assert MemoryStore(tmp_path / "s.sqlite").migrate() == len(MIGRATIONS)  # re-opening applies nothing twice
+    assert SQLiteStore(tmp_path / "s.sqlite").migrate() == 0  # re-opening applies nothing twice
 
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from dimmem.runtime.store import MemoryStore
-    store = MemoryStore(sys.argv[1])
+    from dimmem.runtime.stores import open_store
+    store = open_store(sys.argv[1])
     user, start, count, pause = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     import time
     for i in range(start, start + count):
@@ -275,46 +279,54 @@ WRITER = textwrap.dedent("""
                "location": None, "reason": None, "purpose": None, "keywords": ["Ann", f"k{i}"],
                "source_turns": ["D1:1"]}
         with store.transaction():
-            store.insert(user, rec, np.ones(4, dtype=np.float32))
+            store.insert(user, rec, np.ones(384, dtype=np.float32) / 384**0.5)
             time.sleep(pause)  # inside the transaction: a kill here must leave no partial record
         print(i, flush=True)
 """)
 
 
 @pytest.mark.integration
-def test_sigkill_mid_add_leaves_no_partial_record(tmp_path):
-    db = tmp_path / "k.sqlite"
-    MemoryStore(db).close()
+def test_sigkill_mid_add_leaves_no_partial_record(store_url, backend):
+    open_store(store_url).close()
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(db), "ann", "0", "1000", "0.02"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WRITER, store_url, "ann", "0", "1000", "0.02"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     committed = [proc.stdout.readline() for _ in range(10)]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    store = MemoryStore(db)
+    store = open_store(store_url)
     records = store.records("ann")
     assert len(records) >= len(committed)  # nothing committed was lost
     for r in records:  # and whatever is there is whole: index, vector and history entries with it
         assert store.history("ann", r["id"]) and store.candidates("ann", "fact", [r["keywords"][1]]) == [
             r["id"]
         ]
-    _, ids, _ = store.vectors_after("ann", 0)
-    assert sorted(ids) == sorted(r["id"] for r in records) and store.vector_state("ann") == (len(records), 0)
-    assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    ids = sorted(r["id"] for r in records)
+    assert store.vectors("ann", ids)[0] == ids and store.lexical("ann", "fact", 10_000)
+    assert sorted(rid for rid, _ in store.dense("ann", store.vectors("ann", ids)[1][0], 10_000)) == ids
+    if backend == "sqlite":  # the file itself
+        _, stored, _ = store.vectors_after("ann", 0)
+        assert sorted(stored) == ids and store.vector_state("ann") == (len(records), 0)
+        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    store.close()
 
 
 @pytest.mark.integration
-def test_concurrent_writers_lose_nothing(tmp_path):
-    db = tmp_path / "c.sqlite"
-    MemoryStore(db).close()
+def test_concurrent_writers_lose_nothing(store_url):
+    open_store(store_url).close()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(db), "ann", str(n * 100), "60", "0"], stdout=subprocess.DEVNULL
+            [sys.executable, "-c", WRITER, store_url, "ann", str(n * 100), "60", "0"],
+            stdout=subprocess.DEVNULL,
         )
         for n in range(4)
     ]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
-    assert len(MemoryStore(db).records("ann")) == 240
+    store = open_store(store_url)
+    assert len(store.records("ann")) == 240 and store.count("ann") == 240
+    store.close()
 
 
 def memory_command(argv: list[str]) -> int:
@@ -449,8 +461,8 @@ def test_memory_config_defaults_and_overrides(tmp_path, embedder):
         Memory({"retreival": {"depth": 3}}, embedder=embedder)
     with pytest.raises(ConfigError, match="retrieval.depth"):
         Memory({"retrieval": {"depth": 0}}, embedder=embedder)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        Memory({"store": "postgresql://db/memories"}, embedder=embedder)
+    with pytest.raises(ConfigError, match="'mysql' stores are not supported"):
+        Memory({"store": "mysql://db/memories"}, embedder=embedder)
     with pytest.raises(TypeError, match="Memory.from_config"):
         Memory(str(tmp_path / "m.sqlite"), embedder=embedder)
     config = tmp_path / "m.yaml"
@@ -463,6 +475,27 @@ def test_memory_config_defaults_and_overrides(tmp_path, embedder):
     )
     assert built.config.retrieval.depth == 7 and built.config.retrieval.weights["dimension"] == 0.5
     assert built.store.path == str(tmp_path / "y.sqlite")
+
+
+def test_the_store_url_can_come_from_an_environment_variable(tmp_path, embedder, monkeypatch):
+    from dimmem.runtime.config import MemoryConfig
+
+    assert (
+        MemoryConfig(store="postgresql://app:secret@db/mem").store_url() == "postgresql://app:secret@db/mem"
+    )
+    config = MemoryConfig(store=str(tmp_path / "unused.sqlite"), store_env="DIMMEM_TEST_STORE")
+    monkeypatch.delenv("DIMMEM_TEST_STORE", raising=False)
+    with pytest.raises(ValueError, match="environment variable DIMMEM_TEST_STORE .* is not set"):
+        Memory(config, embedder=embedder)
+    monkeypatch.setenv("DIMMEM_TEST_STORE", f"sqlite:///{tmp_path / 'env.sqlite'}")
+    memory = Memory(config, embedder=embedder)  # the variable wins over `store`
+    assert memory.store.url == str(tmp_path / "env.sqlite") and not (tmp_path / "unused.sqlite").exists()
+    monkeypatch.setenv("DIMMEM_TEST_STORE", "mysql://db")
+    with pytest.raises(ValueError, match="DIMMEM_TEST_STORE: 'mysql' stores are not supported"):
+        config.store_url()
+    from dimmem.runtime.stores import redacted
+
+    assert redacted("postgresql://app:secret@db:5432/mem") == "postgresql://app:***@db:5432/mem"
 
 
 # --- get_all: filters and keyset paging ----------------------------------------------------------------

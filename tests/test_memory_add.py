@@ -1,6 +1,7 @@
 """Memory.add end to end: windows -> extractor -> validator -> update -> store, with the real openai client
 against the fake OpenAI-compatible server's logic, the labels replay and the rule fallback; the model
-client's retries; the dense index staying in step with the store; the YAML config."""
+client's retries; the dense path staying in step with the store; the YAML config. The behaviours run on
+both store backends (`memory_factory`, tests/conftest.py)."""
 
 import json
 import re
@@ -18,7 +19,7 @@ from dimmem.runtime.consolidate import ModelConsolidator
 from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import ModelQueryParser
-from dimmem.runtime.store import MemoryStore
+from dimmem.runtime.stores.sqlite import SQLiteStore
 from dimmem.runtime.vector_index import VectorIndex
 
 MESSAGES = [
@@ -52,10 +53,10 @@ def down(**settings) -> ModelClient:
     return ModelClient(config)
 
 
-def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(embedder, tmp_path):
+def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(embedder, memory_factory):
     fake = FakeTeacher()
-    memory = Memory(
-        {"store": str(tmp_path / "m.sqlite"), "windows": {"window": 2, "overlap": 1}},
+    memory = memory_factory(
+        {"windows": {"window": 2, "overlap": 1}},
         embedder=embedder,
         extractor=EndpointExtractor(served(fake), concurrency=4),
     )
@@ -73,11 +74,11 @@ def test_add_messages_through_an_endpoint_stores_records_with_global_pointers(em
     assert (again.windows, again.events) == (0, []) and memory.store.count("ann") == 3
 
 
-def test_bad_windows_cost_only_themselves(embedder):
+def test_bad_windows_cost_only_themselves(embedder, memory_factory):
     first_new = {"overlap": "t2 user: I work as a nurse", "nonjson": "t2 assistant: That sounds demanding"}
     fake = FakeTeacher({first_new["overlap"]: ["overlap"], first_new["nonjson"]: ["nonjson"]})
-    memory = Memory(
-        {"store": ":memory:", "windows": {"window": 2, "overlap": 1}},
+    memory = memory_factory(
+        {"windows": {"window": 2, "overlap": 1}},
         embedder=embedder,
         extractor=EndpointExtractor(served(fake), concurrency=4),
     )
@@ -148,7 +149,7 @@ def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_d
     assert ModelConsolidator(served(FakeTeacher()))(new, old, 0.9) == {"action": "KEEP_BOTH", "memory": None}
 
 
-def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path):
+def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path, memory_factory):
     run(
         DatagenConfig.model_validate(
             {
@@ -168,43 +169,43 @@ def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path):
         if (row := json.loads(line))["conversation_id"] == "toy-0001"
         for m in row["memories"]
     }
-    memory = Memory(
-        {"store": ":memory:", "windows": {"window": 10, "overlap": 2}},
-        embedder=embedder,
-        extractor=ReplayExtractor(labels),
+    memory = memory_factory(
+        {"windows": {"window": 10, "overlap": 2}}, embedder=embedder, extractor=ReplayExtractor(labels)
     )
     result = memory.add(generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
     assert not result.failed and not result.rejected
     assert {e["id"] for e in result.events} == expected  # every labelled record, under its labelled id
-    missing = Memory(
-        {"store": ":memory:", "windows": {"window": 7, "overlap": 2}},
+    missing = memory_factory(
+        {"windows": {"window": 7, "overlap": 2}},
+        store="missing",
         embedder=embedder,
         extractor=ReplayExtractor(labels),
     ).add(generate_dialogue(1, seed=0, sessions=2).conversation, user_id="u1")
     assert missing.failed and all("no stored answer" in why for why in missing.failed.values())
 
 
-def test_vector_index_follows_appends_removals_and_other_writers(embedder, tmp_path):
-    a = Memory({"store": str(tmp_path / "v.sqlite")}, embedder=embedder)
-    b = Memory({"store": str(tmp_path / "v.sqlite")}, embedder=embedder)  # a second writer on the same file
+def test_dense_path_follows_appends_removals_and_other_writers(embedder, memory_factory):
+    """SQLite: the in-process index reloads from the file's change stamps; Postgres: searched in place."""
+    a = memory_factory(embedder=embedder)
+    b = memory_factory(embedder=embedder)  # a second writer on the same store
     a.add(MESSAGES, user_id="ann", conversation_id="c1")
     query = embedder.encode(["beagle puppy"])[0]
-    assert a.vectors.search("ann", query, 1)[0][0] == "c1/w0000#m1"
+    assert a.store.dense("ann", query, 1)[0][0] == "c1/w0000#m1"
     b.add(
         [{"role": "user", "content": "My beagle puppy Biscuit chewed my beagle puppy toy."}],
         user_id="ann",
         conversation_id="c2",
     )
     chewed = embedder.encode(["the puppy chewed a toy"])[0]
-    assert a.vectors.search("ann", chewed, 1)[0][0] == "c2/w0000#m1"  # appended by the other writer
+    assert a.store.dense("ann", chewed, 1)[0][0] == "c2/w0000#m1"  # appended by the other writer
     b.delete("c2/w0000#m1", user_id="ann")
-    assert "c2/w0000#m1" not in dict(a.vectors.search("ann", chewed, 10))  # a removal reloads
-    assert a.vectors.search("bob", query, 10) == []
+    assert "c2/w0000#m1" not in dict(a.store.dense("ann", chewed, 10))  # a removal reloads
+    assert a.store.dense("bob", query, 10) == []
 
 
-def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):
+def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):  # SQLite's in-process index only
     rng = np.random.default_rng(0)
-    store = MemoryStore(tmp_path / "ann.sqlite")
+    store = SQLiteStore(tmp_path / "ann.sqlite")
     centers = rng.normal(size=(20, 16)).astype(np.float32)
     vectors = centers[rng.integers(0, 20, 2000)] + 0.1 * rng.normal(size=(2000, 16)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -345,13 +346,13 @@ def _turns(memory: Memory, user: str, conversation: str) -> list[tuple[str, str,
     return [(t.id, t.role, t.text) for t in memory.store.turns(user, conversation)]
 
 
-def test_adding_turn_by_turn_extracts_each_new_turn_and_never_rewrites_stored_ones(embedder):
-    config = {"store": ":memory:", "windows": {"window": 2, "overlap": 1}}
-    memory = Memory(config, embedder=embedder)
+def test_adding_turn_by_turn_extracts_each_new_turn_and_never_rewrites_stored_ones(embedder, memory_factory):
+    config = {"windows": {"window": 2, "overlap": 1}}
+    memory = memory_factory(config, embedder=embedder)
     results = [memory.add([m], user_id="ann", conversation_id="c1") for m in MESSAGES]  # as mem0 users do
     assert [r.windows for r in results] == [1, 1, 1, 1]
     assert [[e["id"] for e in r.events] for r in results] == [["c1/w0000#m1"], [], ["c1/w0002#m1"], []]
-    whole = Memory(config, embedder=embedder)
+    whole = memory_factory(config, store="whole", embedder=embedder)
     whole.add(MESSAGES, user_id="ann", conversation_id="c1")
     # the same turns, ids and records as one add of the whole conversation
     assert _turns(memory, "ann", "c1") == _turns(whole, "ann", "c1")
@@ -367,8 +368,8 @@ def test_adding_turn_by_turn_extracts_each_new_turn_and_never_rewrites_stored_on
     assert [c["text"] for c in recalled.assistant_context] == [MESSAGES[1]["content"]]
 
 
-def test_resending_the_whole_history_extracts_only_what_is_new(embedder):
-    memory = Memory({"store": ":memory:", "windows": {"window": 2, "overlap": 1}}, embedder=embedder)
+def test_resending_the_whole_history_extracts_only_what_is_new(embedder, memory_factory):
+    memory = memory_factory({"windows": {"window": 2, "overlap": 1}}, embedder=embedder)
     first = memory.add(MESSAGES[:2], user_id="ann", conversation_id="c1")
     second = memory.add(MESSAGES, user_id="ann", conversation_id="c1")  # the client resends everything
     assert [e["id"] for e in first.events] == ["c1/w0000#m1"]
@@ -383,8 +384,8 @@ def test_resending_the_whole_history_extracts_only_what_is_new(embedder):
     assert [e["id"] for e in repeat.events] == ["c1/w0003#m1"]  # (merged with the record it repeats)
 
 
-def test_a_client_turn_id_that_names_a_stored_turn_with_other_text_is_refused(embedder):
-    memory = Memory({"store": ":memory:"}, embedder=embedder)
+def test_a_client_turn_id_that_names_a_stored_turn_with_other_text_is_refused(embedder, memory_factory):
+    memory = memory_factory(embedder=embedder)
     memory.add(
         [{"role": "user", "content": "I live in Oslo.", "id": "m1"}], user_id="ann", conversation_id="c1"
     )
@@ -413,9 +414,9 @@ def _conversation(conversation_id: str, turns: list[tuple[str, str]]):
     )
 
 
-def test_a_longer_conversation_object_continues_the_windows_after_the_stored_ones(embedder):
+def test_a_longer_conversation_object_continues_the_windows_after_the_stored_ones(embedder, memory_factory):
     turns = [(f"D1:{i}", f"Ann mentioned topic number {i} today.") for i in range(1, 9)]
-    memory = Memory({"store": ":memory:", "windows": {"window": 3, "overlap": 1}}, embedder=embedder)
+    memory = memory_factory({"windows": {"window": 3, "overlap": 1}}, embedder=embedder)
     first = memory.add(_conversation("lc", turns[:4]), user_id="ann")
     second = memory.add(_conversation("lc", turns), user_id="ann")
     assert first.windows == 2 and second.windows == 2  # D1:5..D1:8 only, with D1:4 as context

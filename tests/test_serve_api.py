@@ -35,7 +35,8 @@ def embedder():
 
 
 @pytest.fixture
-def app(tmp_path, embedder, monkeypatch):
+def app(memory_factory, embedder, monkeypatch):
+    """The service over a fresh store of each backend (SQLite; Postgres as an integration test)."""
     for env, key in KEYS.items():
         monkeypatch.setenv(env, key)
     config = ServeConfig(
@@ -48,7 +49,7 @@ def app(tmp_path, embedder, monkeypatch):
         max_messages=50,
         max_k=20,
     )
-    return build_app(config, memory=Memory({"store": str(tmp_path / "m.sqlite")}, embedder=embedder))
+    return build_app(config, memory=memory_factory(embedder=embedder))
 
 
 @pytest.fixture

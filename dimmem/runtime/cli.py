@@ -1,8 +1,13 @@
-"""`dimmem memory add|load|search`: the memory runtime from the command line.
+"""`dimmem memory add|load|search|migrate`: the memory runtime from the command line.
 
 Each command builds the runtime from `--config` (configs/memory/*.yaml), with `--store` and any
 `--set KEY=VALUE` (dotted keys, e.g. `--set retrieval.depth=100`) overriding it. Heavy imports (the
 runtime, the embedder) wait for the handler: `dimmem --help` stays fast.
+
+`migrate` applies the store's pending schema migrations (SQLite or Postgres) and prints its schema
+version; `migrate --from URL_A --to URL_B` copies every user's records (every status), history, turns and
+windows from one store to another, either backend to either, refusing a target that holds anything
+unless `--force` (then each copied user's rows there are replaced).
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ DEFAULT_CONFIG = CONFIG_DIR / "memory" / "default.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="memory_command", required=True, metavar="{add,load,search}")
+    sub = parser.add_subparsers(dest="memory_command", required=True, metavar="{add,load,search,migrate}")
 
     def common(p: argparse.ArgumentParser, store_required: bool = False) -> None:
         p.add_argument("--config", default=str(DEFAULT_CONFIG), help="runtime YAML (configs/memory/)")
-        p.add_argument("--store", required=store_required, help="SQLite file (overrides the config's)")
+        p.add_argument(
+            "--store",
+            required=store_required,
+            help="SQLite file, sqlite:///PATH or postgresql://... (overrides the config's)",
+        )
         p.add_argument(
             "--set",
             dest="overrides",
@@ -55,6 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument("query", nargs="+")
     search.set_defaults(memory_handler=run_search)
 
+    migrate = sub.add_parser(
+        "migrate",
+        help="apply the store's pending schema migrations; or copy a store: --from URL --to URL",
+    )
+    common(migrate)
+    migrate.add_argument("--from", dest="source", metavar="URL", help="copy every user of this store...")
+    migrate.add_argument("--to", dest="target", metavar="URL", help="...into this one (migrated first)")
+    migrate.add_argument("--force", action="store_true", help="copy into a target that is not empty")
+    migrate.set_defaults(memory_handler=run_migrate)
+
 
 def run(args: argparse.Namespace) -> int:
     return args.memory_handler(args)
@@ -80,6 +99,7 @@ def run_add(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dimmem.contract.loaders import load_conversations
+    from dimmem.runtime.stores import redacted
 
     conversations = load_conversations(args.format, args.input)[: args.limit]
     memory = _runtime(args)
@@ -91,7 +111,7 @@ def run_add(args: argparse.Namespace) -> int:
             print(f"  skipped {why}", file=sys.stderr)
     print(
         f"{len(conversations)} conversations, {memory.stats['windows']} windows, {stored} records into "
-        f"{memory.store.path}; {memory.stats['failed_windows']} windows without an answer, "
+        f"{redacted(memory.store.url)}; {memory.stats['failed_windows']} windows without an answer, "
         f"{memory.stats['rejected_memories']} memories refused by the validator"
     )
     _print_update_stats(memory)
@@ -102,12 +122,16 @@ def run_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dimmem.runtime.labels import label_memories
+    from dimmem.runtime.stores import redacted
 
     by_user = label_memories(args.labels)  # bad input fails before the slow embedder load
     memory = _runtime(args)
     for user, records in tqdm(by_user.items(), desc="loading", unit="user", disable=None):
         memory.add_records(records, user_id=user)
-    print(f"{sum(map(len, by_user.values()))} records for {len(by_user)} users into {memory.store.path}")
+    print(
+        f"{sum(map(len, by_user.values()))} records for {len(by_user)} users into "
+        f"{redacted(memory.store.url)}"
+    )
     _print_update_stats(memory)
     return 0
 
@@ -124,6 +148,60 @@ def run_search(args: argparse.Namespace) -> int:
     for turn in result.assistant_context:
         print(f"   assistant said: {turn['text']}")
     return 0
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    from dimmem.config import load_config
+    from dimmem.runtime.config import MemoryConfig
+    from dimmem.runtime.stores import open_store, redacted
+
+    if (args.source is None) != (args.target is None):
+        raise ValueError("--from and --to go together (or neither: migrate the configured store)")
+    if args.source is None:
+        url = args.store or load_config(MemoryConfig, args.config, args.overrides).store_url()
+        store = open_store(url, migrate=False)
+        try:
+            applied = store.migrate()
+            print(f"{redacted(url)}: schema version {store.schema_version()} ({applied} migrations applied)")
+        finally:
+            store.close()
+        return 0
+    if args.store:
+        raise ValueError("--store names the store to migrate in place; with --from/--to leave it out")
+    copied = copy_store(args.source, args.target, force=args.force)
+    print(f"copied {copied} users from {redacted(args.source)} to {redacted(args.target)}")
+    return 0
+
+
+def copy_store(source_url: str, target_url: str, *, force: bool = False, progress: bool = True) -> int:
+    """Copy every user of one store into another (migrated first), losslessly: records of every status
+    with their versions and timestamps, history, turns, windows, the active records' vectors. A target
+    holding any user is refused unless `force` (then the copied users' rows there are replaced). Returns
+    how many users were copied."""
+    from tqdm import tqdm
+
+    from dimmem.runtime.stores import open_store, redacted
+
+    if source_url == target_url:
+        raise ValueError("--from and --to name the same store")
+    source = open_store(source_url)
+    try:
+        target = open_store(target_url)
+        try:
+            present = target.users()
+            if present and not force:
+                raise ValueError(
+                    f"{redacted(target_url)} already holds {len(present)} users ({present[0]!r}, ...): "
+                    "copy into an empty store, or pass --force to replace the copied users' rows there"
+                )
+            users = source.users()
+            for user in tqdm(users, desc="copying", unit="user", disable=None if progress else True):
+                target.load(user, source.dump(user), replace=force)
+            return len(users)
+        finally:
+            target.close()
+    finally:
+        source.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ the file.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -18,6 +19,7 @@ from dimmem.config import Section, WindowConfig
 from dimmem.llm import ModelConfig
 
 SQLITE_URL = "sqlite:///"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 class RetrievalConfig(Section):
@@ -35,8 +37,26 @@ class UpdateConfig(Section):
     max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
 
 
+def _check_store(value: str) -> str:
+    if "://" in value and not value.startswith((SQLITE_URL, *POSTGRES_SCHEMES)):
+        raise ValueError(
+            f"{value.split('://')[0]!r} stores are not supported: use a SQLite file path, {SQLITE_URL}PATH, "
+            ":memory: or postgresql://..."
+        )
+    if value in ("", SQLITE_URL, *POSTGRES_SCHEMES):
+        raise ValueError("empty store path")
+    return value
+
+
 class MemoryConfig(Section):
-    store: str = Field("memories.sqlite", description="SQLite file, `sqlite:///path`, or `:memory:`")
+    store: str = Field(
+        "memories.sqlite",
+        description="SQLite file, `sqlite:///path`, `:memory:`, or `postgresql://...` (Postgres + pgvector)",
+    )
+    store_env: str | None = Field(
+        None,
+        description="environment variable holding the store URL (no password in the file); wins over `store`",
+    )
     embedder: str | None = Field(
         None, description="sentence-transformers name or folder; null: all-MiniLM-L6-v2"
     )
@@ -52,14 +72,7 @@ class MemoryConfig(Section):
     @field_validator("store")
     @classmethod
     def _known_store(cls, value: str) -> str:
-        if "://" in value and not value.startswith(SQLITE_URL):
-            raise ValueError(
-                f"{value.split('://')[0]!r} stores are not supported yet: "
-                f"use a SQLite file path, {SQLITE_URL}PATH or :memory:"
-            )
-        if value in ("", SQLITE_URL):
-            raise ValueError("empty store path")
-        return value
+        return _check_store(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> MemoryConfig:
@@ -71,9 +84,20 @@ class MemoryConfig(Section):
             raise ValueError("extractor 'replay' needs `labels:` (a data_gen labels.jsonl)")
         return self
 
-    def store_path(self) -> str:
-        """The SQLite file (or ":memory:") the store names."""
-        return self.store[len(SQLITE_URL) :] if self.store.startswith(SQLITE_URL) else self.store
+    def store_url(self) -> str:
+        """The store's URL or path: the variable `store_env` names when set (ValueError when it is not in
+        the environment), else `store`."""
+        if self.store_env is None:
+            return self.store
+        value = os.environ.get(self.store_env)
+        if not value:
+            raise ValueError(
+                f"store_env: the environment variable {self.store_env} (the store URL) is not set"
+            )
+        try:
+            return _check_store(value)
+        except ValueError as err:
+            raise ValueError(f"store_env: {self.store_env}: {err}") from None
 
     # --- the components (heavy imports stay inside: the CLI imports this module's users lazily) -----
     def client(self):

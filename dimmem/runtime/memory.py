@@ -36,16 +36,18 @@ merged into, superseded or deleted; `update` or `delete` of another raises `Reco
 deleted record comes back only by `restore`; superseded and merged records are history.
 
 Threads: a `Memory` may be shared by any number of threads, and no call holds the store for long.
-- One store lock (the single SQLite connection) is taken per record write (candidate lookup, then the
-  record's transaction, which re-reads the consolidation target's status and version under
-  `BEGIN IMMEDIATE`: a target deleted or changed meanwhile means a fresh decision, at worst KEEP_BOTH),
-  per turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`, `history`) only for
-  their store calls. Consolidation decisions (a model call, maybe) run outside it.
+- One store lock (the single SQLite connection; none for Postgres, whose pool serves threads at once
+  and whose transactions lock the user they write in the database) is taken per record write
+  (candidate lookup, then the record's transaction, which re-reads the consolidation target's status
+  and version under `BEGIN IMMEDIATE`: a target deleted or changed meanwhile means a fresh decision, at
+  worst KEEP_BOTH), per turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`,
+  `history`) only for their store calls. Consolidation decisions (a model call, maybe) run outside it.
 - One embedder lock: embeddings are computed outside the store lock, at most `EMBED_BATCH` texts per
   hold.
 - Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
 So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
-processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout).
+processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
+one user on Postgres, in any process, by the user's row lock (`stores.postgres`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
@@ -78,8 +81,8 @@ from dimmem.runtime.embed import Embedder
 from dimmem.runtime.extractors import Extractor
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
-from dimmem.runtime.store import MemoryStore, RecordStateError
-from dimmem.runtime.vector_index import VectorIndex
+from dimmem.runtime.stores import Store, open_store
+from dimmem.runtime.stores.base import RecordStateError
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
 
@@ -151,16 +154,19 @@ class Memory:
         client = None  # one client for the 'model' components: one rate limit, one usage count
         if any(component is None and getattr(config, name) == "model" for name, component in given.items()):
             client = config.client()
-        self.store = MemoryStore(config.store_path())
+        self.store: Store = open_store(config.store_url(), ann_min_records=config.retrieval.ann_min_records)
         self.embedder = embedder or config.build_embedder()
-        self.vectors = VectorIndex(self.store, ann_min_records=config.retrieval.ann_min_records)
         self.extractor = extractor or config.build_extractor(client)
         self.query_parser = query_parser or config.build_query_parser(client)
         self.consolidator = consolidator or config.build_consolidator(client)
         self.count_tokens = config.build_token_counter()
         self.stats: Counter = Counter()
         self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
-        self._store_lock = threading.RLock()  # the one SQLite connection: held per record write or read
+        # the one SQLite connection: held per record write or read; a pooled store (Postgres) serializes
+        # nothing here (its transactions lock one user's writes in the database)
+        self._store_lock: AbstractContextManager = (
+            threading.RLock() if self.store.serialized else nullcontext()
+        )
         self._embed_lock = threading.Lock()  # the embedder: held per batch of at most EMBED_BATCH texts
 
     @classmethod
@@ -516,9 +522,13 @@ class Memory:
         with self._store_lock:
             return {
                 "bm25": self.store.lexical(user_id, lexical_terms(query), depth),
-                "dense": self.vectors.search(user_id, vector, depth),
+                "dense": self.store.dense(user_id, vector, depth),
                 "dimension": dimension_path(self.store, user_id, parsed, depth),
             }
+
+    def close(self) -> None:
+        """Close the store (its connection or pool)."""
+        self.store.close()
 
     # --- export / import ----------------------------------------------------------------------------
     def export_jsonl(self, path: str | Path, *, user_id: str) -> int:

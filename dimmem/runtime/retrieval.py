@@ -1,6 +1,7 @@
-"""Tri-path retrieval: BM25 (FTS5), dense (MiniLM cosine) and dimension match (type, time overlap,
-location, keywords), fused by reciprocal rank fusion. A query that states a time ranks records whose
-time overlaps it above records dated elsewhere; each hit keeps its rank and score on every path."""
+"""Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `Store.dense`) and
+dimension match (type, time overlap, location, keywords), fused by reciprocal rank fusion. A query that
+states a time ranks records whose time overlaps it above records dated elsewhere; each hit keeps its rank
+and score on every path."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 
 from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.timespan import overlaps, parse_span
-from dimmem.runtime.store import MemoryStore
+from dimmem.runtime.stores.base import Store
 
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
 CANDIDATES_PER_DEPTH = 4
@@ -44,7 +45,7 @@ def dimension_score(record: dict, query: dict) -> float:
     return score
 
 
-def dimension_path(store: MemoryStore, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
+def dimension_path(store: Store, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
     """Candidates by index (most shared keywords, overlapping time), ranked by dimension score. Each
     lookup is bounded (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one.
     The query's types weigh in the score but do not filter: a mistyped query or record still scores."""
@@ -76,7 +77,7 @@ def rrf(
 
 
 def fuse(
-    store: MemoryStore,
+    store: Store,
     user_id: str,
     paths: dict[str, list[tuple[str, float]]],
     query: dict,

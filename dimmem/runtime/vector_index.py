@@ -1,8 +1,9 @@
-"""The dense path's index: each user's vectors held in memory and kept in step with the store.
+"""The SQLite store's dense index (`SQLiteStore.dense`): each user's vectors held in memory and kept in
+step with the store.
 
 Loading a user's vectors from SQLite for every query would cost more than the search itself, so the
 index keeps them, and before each search compares the store's change stamp for the user
-(`MemoryStore.vector_state`, bumped by every writer process in the same transaction as the write):
+(`SQLiteStore.vector_state`, bumped by every writer process in the same transaction as the write):
 new vectors are appended, a removal (update, supersede, merge, delete) reloads the user.
 
 Search is exact (one matrix product) below `ann_min_records` and a faiss HNSW graph (inner product on
@@ -13,10 +14,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-
-from dimmem.runtime.store import MemoryStore
 
 
 @dataclass
@@ -33,7 +33,7 @@ class _UserVectors:
 class VectorIndex:
     def __init__(
         self,
-        store: MemoryStore,
+        store: Any,  # the SQLiteStore that owns the index (`vector_state`, `vectors_after`)
         ann_min_records: int = 200_000,
         hnsw_m: int = 32,
         ef_construction: int = 80,

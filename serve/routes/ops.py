@@ -1,5 +1,6 @@
-"""Operating the service: liveness (no key) and Prometheus metrics (the operator's key only: they count
-every tenant's requests; off, 404, when no operator key is configured)."""
+"""Operating the service: liveness and readiness (no key; readiness asks the store) and Prometheus
+metrics (the operator's key only: they count every tenant's requests; off, 404, when no operator key
+is configured)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serve.deps import Operator, Service
-from serve.schemas import Health
+from serve.guard import clip
+from serve.schemas import Health, Readiness
 
 router = APIRouter(tags=["ops"])
 
@@ -16,6 +18,25 @@ router = APIRouter(tags=["ops"])
 @router.get("/healthz", response_model=Health, summary="liveness (no key needed)")
 def health() -> dict:
     return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "the store does not answer"}},
+    summary="readiness: the store answers (no key needed)",
+)
+def ready(state: Service, response: Response) -> dict:
+    try:
+        problem = (
+            None if state.memory.store.ping() else "the store does not answer or its schema is not current"
+        )
+    except Exception as exc:  # any failure to reach the store means: do not route traffic here
+        problem = clip(f"{type(exc).__name__}: {exc}", 200)
+    if problem:
+        response.status_code = 503
+        return {"status": "unavailable", "detail": problem}
+    return {"status": "ready", "detail": None}
 
 
 @router.get(

@@ -1,6 +1,7 @@
-"""The embedded memory store: SQLite (WAL) holding records with every dimension, their version history,
-the source turns their pointers resolve to, a keyword index for update candidates, an FTS5 index for
-the lexical path and the dense vectors. Every read and write names one user; none crosses users.
+"""The embedded memory store (`base.Store`'s SQLite backend): SQLite (WAL) holding records with every
+dimension, their version history, the source turns their pointers resolve to, a keyword index for
+update candidates, an FTS5 index for the lexical path and the dense vectors (searched by the in-process
+`VectorIndex` the store owns: `dense`). Every read and write names one user; none crosses users.
 
 Record lifecycle, held here for every caller: a record is `active` until it is superseded, merged into
 another or deleted; only an active record is indexed (keywords, FTS, vector) and only an active record can
@@ -28,6 +29,10 @@ import numpy as np
 
 from dimmem.contract.conversation import Turn
 from dimmem.contract.timespan import parse_span
+from dimmem.runtime.stores.base import RecordStateError
+from dimmem.runtime.vector_index import VectorIndex
+
+__all__ = ["MIGRATIONS", "RecordStateError", "SQLiteStore"]
 
 # Schema migrations, applied in order; PRAGMA user_version records how many have run.
 MIGRATIONS = [
@@ -98,36 +103,46 @@ _COLUMNS = (
 )
 
 
-class RecordStateError(ValueError):
-    """An operation the record's status does not allow (e.g. updating a deleted record)."""
+class SQLiteStore:
+    serialized = True  # one connection: callers serialize their calls (Memory holds a lock around them)
 
-    def __init__(self, record_id: str, status: str, operation: str, allowed: str = "active"):
-        self.record_id, self.status, self.operation = record_id, status, operation
-        super().__init__(
-            f"record {record_id!r} is {status}: only {allowed} records can be {operation}"
-            + ("" if status != "deleted" or allowed != "active" else " (restore it first)")
-        )
-
-
-class MemoryStore:
-    def __init__(self, path: str | Path, timeout: float = 30.0):
-        self.path = str(path)
+    def __init__(
+        self, path: str | Path, timeout: float = 30.0, *, migrate: bool = True, ann_min_records: int = 200_000
+    ):
+        """The store in the SQLite file `path` (":memory:": in memory); `migrate`: apply pending
+        migrations now; `ann_min_records`: where the dense index switches from exact search to HNSW."""
+        self.path = self.url = str(path)
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), isolation_level=None, timeout=timeout, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.migrate()
+        if migrate:
+            self.migrate()
+        # the dense path: each user's vectors in memory, kept in step with the file (`vector_state`)
+        self.index = VectorIndex(self, ann_min_records=ann_min_records)
 
     def migrate(self) -> int:
+        """Apply the pending migrations in one transaction; how many were applied (0: the schema was
+        current)."""
         with self.transaction():
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            version = self.schema_version()
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
                 for statement in filter(str.strip, script.split(";")):
                     self.db.execute(statement)
                 self.db.execute(f"PRAGMA user_version = {number}")
-        return len(MIGRATIONS)
+        return len(MIGRATIONS) - version
+
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def ping(self) -> bool:
+        """The file answers and its schema is this code's (for readiness checks)."""
+        try:
+            return self.db.execute("SELECT 1").fetchone()[0] == 1 and self.schema_version() == len(MIGRATIONS)
+        except sqlite3.Error:
+            return False
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -301,6 +316,8 @@ class MemoryStore:
         self.db.execute(
             "INSERT INTO records_fts (record_id, user_id, body) VALUES (?,?,?)", (record_id, user_id, body)
         )
+        if vector is None:  # (a copied record without a vector: found by the other paths only)
+            return
         self.db.execute(
             "INSERT INTO vectors VALUES (?,?,?)",
             (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()),
@@ -489,6 +506,12 @@ class MemoryStore:
         ).fetchall()
         return [r[0] for r in rows], _matrix(rows, 1)
 
+    def dense(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """The `k` active records nearest by cosine (the in-process index), best first."""
+        if k <= 0:
+            return []
+        return self.index.search(user_id, np.asarray(vector, dtype=np.float32), k)
+
     def vector_state(self, user_id: str) -> tuple[int, int]:
         """(vectors appended, vectors removed) so far for the user: a change stamp for in-memory indexes."""
         row = self.db.execute(
@@ -524,6 +547,106 @@ class MemoryStore:
             (user_id, conversation_id, min(positions), max(positions) + 2),
         ).fetchall()
         return [dict(r) for r in rows if r["role"] == "assistant"]
+
+    # --- moving a store (`dimmem memory migrate --from --to`) -----------------------------------------
+    def users(self) -> list[str]:
+        """Every user with records, turns or windows, sorted."""
+        rows = self.db.execute(
+            "SELECT user_id FROM records UNION SELECT user_id FROM turns UNION SELECT user_id FROM windows "
+            "ORDER BY 1"
+        )
+        return [r[0] for r in rows]
+
+    def dump(self, user_id: str) -> dict:
+        """Everything of one user as raw rows (every status, history, turns, windows, the active records'
+        vectors): what `load` writes back, losslessly, into either backend."""
+        db = self.db
+        history = [
+            {"record_id": r[0], "version": r[1], "action": r[2], "snapshot": json.loads(r[3]), "at": r[4]}
+            for r in db.execute(
+                "SELECT record_id, version, action, snapshot, at FROM record_history WHERE user_id=? "
+                "ORDER BY record_id, version",
+                (user_id,),
+            )
+        ]
+        turns = [
+            dict(r)
+            for r in db.execute(
+                "SELECT conversation_id, turn_id, position, speaker, role, text, session_time, session_id "
+                "FROM turns WHERE user_id=? ORDER BY conversation_id, position",
+                (user_id,),
+            )
+        ]
+        windows = [
+            {"conversation_id": c, "idx": i, "context": json.loads(x), "new": json.loads(n), "done": bool(d)}
+            for c, i, x, n, d in db.execute(
+                "SELECT conversation_id, idx, context, new, done FROM windows WHERE user_id=? "
+                "ORDER BY conversation_id, idx",
+                (user_id,),
+            )
+        ]
+        rows = db.execute("SELECT record_id, vec FROM vectors WHERE user_id=?", (user_id,)).fetchall()
+        vectors = {r[0]: np.frombuffer(r[1], dtype=np.float32).copy() for r in rows}
+        return {
+            "user_id": user_id,
+            "records": self.records(user_id, status=None),
+            "history": history,
+            "turns": turns,
+            "windows": windows,
+            "vectors": vectors,
+        }
+
+    def load(self, user_id: str, data: dict, replace: bool = False) -> None:
+        """Write a `dump` (of either backend) for `user_id` in one transaction, indexes rebuilt for the
+        active records; `replace`: the user's rows here are dropped first (else a stored id conflicts)."""
+        with self.transaction():
+            if replace:
+                for table in ("records", "record_history", "record_keywords", "turns", "vectors", "windows"):
+                    self.db.execute(f"DELETE FROM {table} WHERE user_id=?", (user_id,))
+                self.db.execute("DELETE FROM records_fts WHERE user_id=?", (user_id,))
+                self.db.execute("UPDATE vector_state SET removed = removed + 1 WHERE user_id=?", (user_id,))
+            for record in data["records"]:
+                row = {**record, "user_id": user_id}
+                row["keywords"] = json.dumps(record["keywords"], ensure_ascii=False)
+                row["source_turns"] = json.dumps(record["source_turns"], ensure_ascii=False)
+                self.db.execute(
+                    f"INSERT INTO records ({','.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))})",
+                    [row[c] for c in _COLUMNS],
+                )
+                if record["status"] == "active":
+                    self._index(user_id, record["id"], record, data["vectors"].get(record["id"]))
+            self.db.executemany(
+                "INSERT INTO record_history VALUES (?,?,?,?,?,?)",
+                [
+                    (
+                        h["record_id"],
+                        user_id,
+                        h["version"],
+                        h["action"],
+                        json.dumps(h["snapshot"], ensure_ascii=False),
+                        h["at"],
+                    )
+                    for h in data["history"]
+                ],
+            )
+            self.db.executemany(
+                "INSERT INTO turns (user_id, conversation_id, turn_id, position, speaker, role, text, "
+                "session_time, session_id) VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (user_id, t["conversation_id"], t["turn_id"], t["position"], t["speaker"], t["role"])
+                    + (t["text"], t["session_time"], t["session_id"])
+                    for t in data["turns"]
+                ],
+            )
+            self.db.executemany(
+                "INSERT INTO windows (user_id, conversation_id, idx, context, new, done) "
+                "VALUES (?,?,?,?,?,?)",
+                [
+                    (user_id, w["conversation_id"], w["idx"], json.dumps(w["context"]), json.dumps(w["new"]))
+                    + (int(w["done"]),)
+                    for w in data["windows"]
+                ],
+            )
 
 
 def _session_of(turn_id: str) -> str:

@@ -1,0 +1,64 @@
+"""The runtime's store backends behind one interface (`base.Store`): SQLite (`sqlite.SQLiteStore`, the
+embedded default) and Postgres + pgvector (`postgres.PostgresStore`, the `postgres` extra), chosen by URL:
+
+    open_store("memories.sqlite")           # a path, sqlite:///PATH or :memory: -> SQLite
+    open_store("postgresql://app@db/mem")   # postgresql://... or postgres://... -> Postgres
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from dimmem.runtime.stores.base import RecordStateError, Store
+
+__all__ = ["RecordStateError", "Store", "is_postgres", "open_store", "redacted", "sqlite_path"]
+
+SQLITE_URL = "sqlite:///"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(POSTGRES_SCHEMES)
+
+
+def sqlite_path(url: str) -> str:
+    """The SQLite file (or ":memory:") a path or sqlite:/// URL names."""
+    return url[len(SQLITE_URL) :] if url.startswith(SQLITE_URL) else url
+
+
+def open_store(url: str, *, migrate: bool = True, ann_min_records: int = 200_000, **options) -> Store:
+    """The store `url` names: a path, `sqlite:///PATH` or `:memory:` (SQLite), `postgresql://...` or
+    `postgres://...` (Postgres; `options` go to PostgresStore: tenant, pool_min, pool_max). `migrate`:
+    apply pending migrations on opening. `ann_min_records`: where SQLite's in-process dense index switches
+    from exact search to HNSW (Postgres searches by pgvector HNSW in the database)."""
+    if is_postgres(url):
+        try:
+            from dimmem.runtime.stores.postgres import PostgresStore
+        except ImportError as err:  # psycopg is the `postgres` extra
+            raise ValueError(
+                f"a Postgres store needs psycopg and psycopg_pool: pip install 'dimmem[postgres]' ({err})"
+            ) from None
+        return PostgresStore(url, migrate=migrate, **options)
+    if "://" in url and not url.startswith(SQLITE_URL):
+        raise ValueError(
+            f"store {redacted(url)!r}: expected a SQLite path, {SQLITE_URL}PATH, :memory: or postgresql://..."
+        )
+    if options:
+        raise TypeError(f"SQLite store: unexpected options {sorted(options)}")
+    from dimmem.runtime.stores.sqlite import SQLiteStore
+
+    path = sqlite_path(url)
+    if not path:
+        raise ValueError("empty store path")
+    return SQLiteStore(path, migrate=migrate, ann_min_records=ann_min_records)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    if not is_postgres(url):
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{host}"))

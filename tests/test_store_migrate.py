@@ -1,0 +1,108 @@
+"""Moving a store (`dimmem memory migrate`): pending schema migrations applied in place on either backend,
+and a round trip SQLite -> Postgres -> SQLite that keeps every record (every status, versions,
+timestamps), every history entry, every turn and every window (pending ones too), and the vectors."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+from test_adversarial_runtime import WordEmbedder, chat, scripted
+
+from dimmem.contract.windows import Window
+from dimmem.runtime import cli
+from dimmem.runtime.memory import Memory
+from dimmem.runtime.stores import open_store
+
+pytestmark = pytest.mark.integration
+
+
+def memory_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dimmem memory")
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
+def dumps(url: str) -> dict:
+    store = open_store(url)
+    try:
+        return {user: store.dump(user) for user in store.users()}
+    finally:
+        store.close()
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for user in a:
+        x, y = a[user], b[user]
+        for part in ("records", "history", "turns", "windows"):
+            assert x[part] == y[part], (user, part)
+        assert sorted(x["vectors"]) == sorted(y["vectors"]), user
+        for rid, vector in x["vectors"].items():
+            assert np.array_equal(vector, y["vectors"][rid]), (user, rid)  # float32 exactly
+
+
+def test_round_trip_sqlite_postgres_sqlite_is_lossless(tmp_path, pg_server, capsys):
+    source = str(tmp_path / "a.sqlite")
+    memory = Memory({"store": source, "windows": {"window": 4, "overlap": 1}}, embedder=WordEmbedder())
+    memory.add(chat(40), user_id="acme/ann", conversation_id="c1")
+    memory.add(chat(6, start=40), user_id="acme/ann", conversation_id="c1")  # an append
+    memory.add(chat(10, start=500), user_id="bob", conversation_id="c2")
+    ids = [r["id"] for r in memory.get_all(user_id="acme/ann").memories]
+    memory.update(ids[0], user_id="acme/ann", content="Ann went to the museum again.")
+    memory.delete(ids[1], user_id="acme/ann")
+    memory.delete(ids[2], user_id="acme/ann")
+    memory.restore(ids[2], user_id="acme/ann")
+    memory.consolidator = scripted  # a merge and a supersede: statuses and histories beyond ADD
+    memory.add_records(
+        [{**memory.get(ids[3], user_id="acme/ann"), "id": "again", "source_turns": ["S1:1"]}],
+        user_id="acme/ann",
+    )
+    with memory.store.transaction():  # a window left pending (an add that did not finish)
+        turns = memory.store.turns("bob", "c2")
+        memory.store.put_windows("bob", [Window("c2", 99, (turns[0],), tuple(turns[1:3]))])
+    memory.close()
+    before = dumps(source)
+    statuses = {r["status"] for r in before["acme/ann"]["records"]}
+    assert statuses >= {"active", "deleted", "merged"} or statuses >= {"active", "deleted", "superseded"}
+    assert any(not w["done"] for w in before["bob"]["windows"])
+
+    middle = pg_server.fresh_database()
+    assert memory_command(["migrate", "--from", source, "--to", middle]) == 0
+    assert "copied 2 users" in capsys.readouterr().out
+    assert_same(before, dumps(middle))
+    back = f"sqlite:///{tmp_path / 'b.sqlite'}"
+    assert memory_command(["migrate", "--from", middle, "--to", back]) == 0
+    assert_same(before, dumps(back))
+
+    # the copies are live stores: every path finds what the source found
+    for url in (middle, back):
+        copy = Memory({"store": url}, embedder=WordEmbedder())
+        hits = copy.search("Which museum did I visit?", user_id="acme/ann", k=5).hits
+        assert hits and {"bm25", "dense"} <= set(hits[0].paths)
+        assert copy.store.pending_windows("bob", "c2") == [(99, ["S1:1"], ["S1:2", "S1:3"])]
+        copy.close()
+
+    # a target that holds anything is refused, unless --force (then the copied users are replaced)
+    with pytest.raises(ValueError, match="already holds 2 users"):
+        memory_command(["migrate", "--from", source, "--to", middle])
+    assert memory_command(["migrate", "--from", source, "--to", middle, "--force"]) == 0
+    assert_same(before, dumps(middle))
+
+
+@pytest.mark.parametrize("backend_name", ["sqlite", "postgres"])
+def test_migrate_in_place_prints_the_schema_version(tmp_path, pg_server, capsys, backend_name):
+    # a Postgres database with no schema yet
+    url = str(tmp_path / "m.sqlite") if backend_name == "sqlite" else pg_server.database("migrate_in_place")
+    assert memory_command(["migrate", "--store", url]) == 0
+    store = open_store(url, migrate=False)
+    version = store.schema_version()
+    store.close()
+    assert (
+        version >= 2 and f"schema version {version} ({version} migrations applied)" in capsys.readouterr().out
+    )
+    assert memory_command(["migrate", "--store", url]) == 0
+    assert f"schema version {version} (0 migrations applied)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--from and --to go together"):
+        memory_command(["migrate", "--from", url])
