@@ -7,17 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+from dimmem.config import add_set_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="configs/datagen/NAME.yaml (required, except with --push-only)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config key, e.g. --set teacher.rpm=100 (repeatable)",
-    )
+    add_set_argument(p, "teacher.rpm=100")
     p.add_argument(
         "--format", help="source format: locomo, longmemeval, chat_jsonl, memorybank, hf_messages, toy"
     )

@@ -86,6 +86,18 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def add_set_argument(parser, example: str) -> None:
+    """The `--set KEY=VALUE` flag every config-driven command takes (into `args.overrides`)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config key (dotted, YAML value), e.g. --set {example}; repeatable",
+    )
+
+
 def apply_overrides(raw: dict, overrides: Mapping[str, Any], source: str) -> dict:
     """Set each dotted key in a copy of `raw` (a None value sets null: `--set key=null` clears a key)."""
     raw = dict(raw)

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from dimmem.config import add_set_argument
+
 
 def int_list(text: str) -> list[int]:
     """`5,10,20` -> [5, 10, 20] (argparse names this function in its message for a bad value)."""
@@ -17,14 +19,7 @@ def int_list(text: str) -> list[int]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML with this run's settings (configs/eval/)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config key, e.g. --set model.max_tokens=512 (repeatable)",
-    )
+    add_set_argument(p, "model.max_tokens=512")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dimmem.config import add_set_argument
 from dimmem.paths import CONFIG_DIR
 
 
@@ -17,14 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument(
         "--workers", type=int, help="worker processes over one store (default 1; share a Postgres store)"
     )
-    api.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (dotted, e.g. max_k=50); repeatable; --host/--port win",
-    )
+    add_set_argument(api, "max_k=50")
     api.add_argument("--openapi", metavar="FILE", help="write the OpenAPI document to FILE and exit")
 
     vllm = sub.add_parser(

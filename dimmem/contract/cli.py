@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dimmem.config import Section, WindowConfig
+from dimmem.config import Section, WindowConfig, add_set_argument
 from dimmem.paths import CONFIG_DIR
 
 
@@ -25,14 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", default=str(CONFIG_DIR / "windows.yaml"), help="YAML with defaults (flags override)"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set formats.locomo.window=30",
-    )
+    add_set_argument(p, "formats.locomo.window=30")
     p.add_argument("--format", required=True, help="locomo | longmemeval | chat_jsonl | memorybank")
     p.add_argument("--input", required=True, help="input file")
     p.add_argument("--window", type=int, help="turns per window (W)")

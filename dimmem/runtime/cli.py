@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dimmem.config import add_set_argument
 from dimmem.paths import CONFIG_DIR
 
 DEFAULT_CONFIG = CONFIG_DIR / "memory" / "default.yaml"
@@ -33,14 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             required=store_required,
             help="SQLite file, sqlite:///PATH or postgresql://... (overrides the config's)",
         )
-        p.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a config key (dotted, e.g. retrieval.depth=100); repeatable",
-        )
+        add_set_argument(p, "retrieval.depth=100")
 
     add = sub.add_parser(
         "add", help="extract and store conversations (the config's extractor), each as its own user"
