@@ -155,16 +155,22 @@ def run_search(args: argparse.Namespace) -> int:
 
 def run_postgres(args: argparse.Namespace) -> int:
     """A local server for as long as this runs: the URL to give `store:` (or `store_env`), then wait."""
+    import logging
     import signal
     import threading
 
+    from dimmem.runtime.stores import postgres
     from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
-    from dimmem.runtime.stores.postgres import PostgresStore
 
     server = start_embedded(args.data)
     try:
         owner = server.database(args.database)
-        PostgresStore(owner, pool_min=0, pool_max=1).close()  # the owner applies the migrations
+        owner_log = logging.getLogger(postgres.__name__)
+        owner_log.disabled = True  # the owner migrating is expected to bypass row-level security
+        try:
+            postgres.PostgresStore(owner, pool_min=0, pool_max=1).close()  # the owner applies the migrations
+        finally:
+            owner_log.disabled = False
         url = server.login_role(RUNTIME_LOGIN, owner)  # the runtime runs under row-level security
         print(f"PostgreSQL with pgvector is up ({server.start_seconds:.1f} s), database {args.database!r}:")
         print(url)
