@@ -443,3 +443,17 @@ def test_both_backends_keep_one_store_contract(url, tmp_path):
         }
         store.close()
     assert seen["sqlite"] == seen["postgres"]
+
+
+def test_a_value_postgres_cannot_store_is_a_value_error(tmp_path, pg_server):
+    """A NUL character in text (the schema fuzz found it) is the caller's input: ValueError, 422 over HTTP."""
+    from dimmem.runtime.memory import Memory
+
+    memory = Memory({"store": pg_server.fresh_database()})
+    try:
+        with pytest.raises(ValueError, match="NUL"):
+            memory.add([{"role": "user", "content": "I adopted a beagle\x00 named Biscuit."}], user_id="ann")
+        memory.add([{"role": "user", "content": "I adopted a beagle named Biscuit."}], user_id="ann")
+        assert memory.search("beagle", user_id="ann").hits  # the store is fine afterwards
+    finally:
+        memory.close()

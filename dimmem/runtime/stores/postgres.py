@@ -52,6 +52,17 @@ __all__ = ["DIMENSIONS", "PostgresStore", "RecordStateError", "SchemaError", "mi
 
 log = logging.getLogger(__name__)
 
+
+@contextmanager
+def _refused_values() -> Iterator[None]:
+    """A value PostgreSQL cannot store (a NUL character in text, a malformed encoding) is the caller's
+    input, not a server fault: a ValueError (422 over HTTP), and the transaction rolls back."""
+    try:
+        yield
+    except psycopg.DataError as exc:
+        raise ValueError(f"PostgreSQL refused a value: {str(exc).splitlines()[0]}") from None
+
+
 DEFAULT_TENANT = "default"
 DIMENSIONS = 384  # the embedding column (all-MiniLM-L6-v2); another embedder needs a migration
 MIGRATION_LOCK = 0x64696D6D656D  # pg_advisory_lock key: two processes starting together take turns
@@ -214,7 +225,7 @@ class PostgresStore:
             with tx["conn"].transaction():
                 yield tx["conn"]
             return
-        with self.pool.connection() as conn, conn.transaction():
+        with _refused_values(), self.pool.connection() as conn, conn.transaction():
             self._local.tx = {"conn": conn, "tenant": None, "users": set()}
             try:
                 yield conn
@@ -238,7 +249,7 @@ class PostgresStore:
                     tx["users"].add(user_id)
                 yield cur
             return
-        with self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        with _refused_values(), self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT set_config('dimmem.tenant', %s, true)", (tenant,))
             yield cur
 
