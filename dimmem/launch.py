@@ -88,6 +88,21 @@ class Service:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def workers(self) -> list:
+        """The live worker processes (psutil) of a service that runs its app in spawned children
+        (`dimmem serve api --workers N`: uvicorn starts them with multiprocessing); a killed worker
+        lingers as a zombie until its supervisor reaps it and is not counted."""
+        import psutil
+
+        found = []
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found
+
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM to the process group (vLLM runs its engine in child processes), SIGKILL after `grace` s."""
         if self.process is None:

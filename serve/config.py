@@ -16,6 +16,8 @@ from pydantic import Field, field_validator, model_validator
 from dimmem.config import Section, load_config
 
 CONFIG_ENV = "DIMMEM_SERVE_CONFIG"  # the validated config as JSON, for `--workers` processes
+# prometheus_client's multiprocess mode: set by `serve` for --workers > 1, read by /metrics
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 MIN_KEY_CHARS = 16  # shorter keys are accepted with a warning (serve/cli.py prints it)
 
 

@@ -4,15 +4,17 @@ reads /metrics), and the mapping between a tenant's user ids and the store's (`<
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from dimmem.runtime.memory import Memory
-from serve.config import ServeConfig
+from serve.config import METRICS_DIR_ENV, ServeConfig
 from serve.guard import caller, clip
 from serve.schemas import MAX_RECORD_ID, Message
 
@@ -20,7 +22,10 @@ OPERATOR = "\0operator"  # the operator key's caller: tenant names cannot hold N
 
 
 class Metrics:
-    """The service's Prometheus metrics, in a registry of its own (one per app)."""
+    """The service's Prometheus metrics, in a registry of its own (one per app). Under `--workers N` the
+    server sets PROMETHEUS_MULTIPROC_DIR before the workers start: each worker's counts then live in
+    files there and /metrics, whichever worker answers it, sums them over all workers (a worker killed
+    and restarted keeps what it counted)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -31,6 +36,14 @@ class Metrics:
         self.recalls = Counter(
             "dimmem_assistant_recalls", "searches that fetched assistant replies", registry=self.registry
         )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text format /metrics serves, and its content type."""
+        registry = self.registry
+        if os.environ.get(METRICS_DIR_ENV):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 @dataclass

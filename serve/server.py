@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from serve.config import CONFIG_ENV, ServeConfig
+from serve.config import CONFIG_ENV, METRICS_DIR_ENV, ServeConfig
 from serve.guard import clip
 
 MAX_URL_ENV = "DIMMEM_MAX_URL_BYTES"
@@ -121,4 +122,7 @@ def serve(app, config: ServeConfig, log_level: str = "info") -> None:
     server_config = uvicorn.Config(
         "serve.app:app_from_environment", factory=True, workers=config.workers, **common
     )
-    Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()
+    # the workers' metrics go to files in a fresh folder of this run, summed by /metrics (serve.deps)
+    with tempfile.TemporaryDirectory(prefix="dimmem-metrics-") as metrics_dir:
+        os.environ[METRICS_DIR_ENV] = metrics_dir
+        Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()

@@ -457,3 +457,19 @@ def test_a_value_postgres_cannot_store_is_a_value_error(tmp_path, pg_server):
         assert memory.search("beagle", user_id="ann").hits  # the store is fine afterwards
     finally:
         memory.close()
+
+
+def test_the_connection_pool_is_sized_by_the_memory_config(url):
+    """`pool: {min, max}` in the memory config sizes each process's Postgres pool (N workers open up to
+    max·N connections); min above max is refused when the config loads."""
+    from pydantic import ValidationError
+
+    from dimmem.runtime.config import MemoryConfig
+
+    store = MemoryConfig(store=url, pool={"min": 0, "max": 3}).open_store()
+    try:
+        assert (store.pool.min_size, store.pool.max_size) == (0, 3)
+    finally:
+        store.close()
+    with pytest.raises(ValidationError, match="min 4 is above max 2"):
+        MemoryConfig(store=url, pool={"min": 4, "max": 2})

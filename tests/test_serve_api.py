@@ -1,19 +1,32 @@
-"""The HTTP memory service in process (FastAPI's TestClient over the real runtime and MiniLM): tenants
-confined to their records, 401/413/422 for bad requests, versioned updates, metrics, the checked-in
-OpenAPI document, and a schema-driven fuzz run that must find no 5xx."""
+"""The HTTP memory service over the real runtime and MiniLM: tenants confined to their records,
+401/413/422 for bad requests, versioned updates, metrics, the checked-in OpenAPI document, and a
+schema-driven fuzz run that must find no 5xx.
+
+Each test that takes `client` runs three times: in process (FastAPI's TestClient) over SQLite and over
+Postgres, and over HTTP against `dimmem serve api --workers 2` on Postgres connected as the runtime's
+login role (row-level security applies to it), the deployment the service scales out with."""
 
 import json
+import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
+import httpx2
+import psycopg
 import pytest
 import schemathesis
+import yaml
+from conftest import BACKENDS
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
+from dimmem.launch import Service, free_port
+from dimmem.paths import CONFIG_DIR
 from dimmem.runtime.extractors import TurnExtractor
 from dimmem.runtime.memory import Memory
+from dimmem.runtime.stores.embedded import RUNTIME_LOGIN
 from serve.app import build_app
 from serve.config import ServeConfig, Tenant
 from serve.openapi import CHECKED_IN, openapi_document
@@ -34,27 +47,82 @@ def embedder():
     return Embedder()
 
 
+WORKERS = "postgres, 2 workers"
+CONFIG = ServeConfig(
+    tenants=[
+        Tenant(name="a", api_key_env="DIMMEM_TEST_KEY_A"),
+        Tenant(name="b", api_key_env="DIMMEM_TEST_KEY_B"),
+    ],
+    operator_key_env="DIMMEM_TEST_OPERATOR",
+    max_body_bytes=20_000,
+    max_messages=50,
+    max_k=20,
+)
+
+
+@pytest.fixture(params=[*BACKENDS, pytest.param(WORKERS, marks=pytest.mark.integration)])
+def backend(request) -> str:
+    """conftest's backends, and the service in worker processes on Postgres."""
+    return request.param
+
+
 @pytest.fixture
-def app(memory_factory, embedder, monkeypatch):
-    """The service over a fresh store of each backend (SQLite; Postgres as an integration test)."""
+def app(backend, memory_factory, embedder, monkeypatch):
+    """The service in this process over a fresh store of the backend."""
+    if backend == WORKERS:
+        pytest.skip("looks inside the app, which runs in the worker processes here")
     for env, key in KEYS.items():
         monkeypatch.setenv(env, key)
-    config = ServeConfig(
-        tenants=[
-            Tenant(name="a", api_key_env="DIMMEM_TEST_KEY_A"),
-            Tenant(name="b", api_key_env="DIMMEM_TEST_KEY_B"),
-        ],
-        operator_key_env="DIMMEM_TEST_OPERATOR",
-        max_body_bytes=20_000,
-        max_messages=50,
-        max_k=20,
+    return build_app(CONFIG, memory=memory_factory(embedder=embedder))
+
+
+@pytest.fixture(scope="module")
+def workers(pg_server, tmp_path_factory):
+    """`dimmem serve api --workers 2` with CONFIG over one Postgres database, connected as the runtime's
+    login role; yields (base URL, the database's superuser URL)."""
+    database = pg_server.fresh_database()
+    folder, port = tmp_path_factory.mktemp("workers"), free_port()
+    config = folder / "serve.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                **CONFIG.model_dump(mode="json", exclude_defaults=True),
+                "memory_config": str(CONFIG_DIR / "memory" / "default.yaml"),
+                "store": pg_server.login_role(RUNTIME_LOGIN, database),
+                "port": port,
+                "workers": 2,
+            }
+        )
     )
-    return build_app(config, memory=memory_factory(embedder=embedder))
+    command = [sys.executable, "-m", "dimmem", "serve", "api", "--config", str(config)]
+    url = f"http://127.0.0.1:{port}"
+    with Service(command, f"{url}/readyz", folder / "api.log", env=KEYS, startup_timeout=240):
+        yield url, database
 
 
 @pytest.fixture
-def client(app):
-    return TestClient(app)
+def client(request, backend):
+    """A client of the service under test; against the workers, over an emptied database."""
+    if backend != WORKERS:
+        yield TestClient(request.getfixturevalue("app"))
+        return
+    url, database = request.getfixturevalue("workers")
+    with psycopg.connect(database, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT string_agg(quote_ident(tablename), ', ') FROM pg_tables "
+            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
+        ).fetchone()[0]
+        conn.execute(f"TRUNCATE {tables}")
+    with httpx2.Client(base_url=url, timeout=60) as http:
+        yield http
+
+
+def counted(client, route: str, status: str) -> float:
+    """dimmem_requests_total for (route, status) as /metrics reports it now."""
+    text = client.get("/metrics", headers=OPERATOR).text
+    pattern = rf'^dimmem_requests_total\{{route="{re.escape(route)}",status="{status}"\}} (\S+)$'
+    match = re.search(pattern, text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
 
 
 def test_tenants_never_see_each_other(client):
@@ -199,11 +267,14 @@ def test_bad_requests_get_clear_4xx(client):
 
 
 def test_metrics_count_requests_by_route_and_status(client):
-    client.post("/v1/search", json={"user_id": "ann", "query": "x"}, headers=A)
+    """Counted by route and status; with several workers, /metrics sums them all, whichever answers."""
+    before = {status: counted(client, "/v1/search", status) for status in ("200", "401")}
+    for _ in range(3):
+        client.post("/v1/search", json={"user_id": "ann", "query": "x"}, headers=A)
     client.post("/v1/search", json={"user_id": "ann", "query": "x"})
-    text = client.get("/metrics", headers=OPERATOR).text
-    assert 'dimmem_requests_total{route="/v1/search",status="200"} 1.0' in text
-    assert 'dimmem_requests_total{route="/v1/search",status="401"} 1.0' in text
+    for _ in range(4):  # asked several times: any worker may answer, each must see every count
+        assert counted(client, "/v1/search", "200") - before["200"] == 3
+        assert counted(client, "/v1/search", "401") - before["401"] == 1
 
 
 def test_metrics_need_the_operator_key(client, tmp_path, embedder, monkeypatch):
@@ -357,8 +428,15 @@ def test_checked_in_openapi_document_is_current():
 
 
 @pytest.mark.integration
-def test_schema_driven_fuzzing_finds_no_server_error(app):
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+def test_schema_driven_fuzzing_finds_no_server_error(request, backend):
+    if backend == WORKERS:
+        url = request.getfixturevalue("client").base_url  # the workers over an emptied database
+        schema, call = (
+            schemathesis.openapi.from_url(f"{url}/openapi.json"),
+            {"base_url": str(url), "timeout": 60},
+        )
+    else:
+        schema, call = schemathesis.openapi.from_asgi("/openapi.json", request.getfixturevalue("app")), {}
     failures = []
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -368,7 +446,7 @@ def test_schema_driven_fuzzing_finds_no_server_error(app):
         @given(case=strategy)
         def run(case):
             for headers in (A, {}):
-                response = case.call(headers=headers)
+                response = case.call(headers=headers, **call)
                 if response.status_code >= 500:
                     failures.append(
                         f"{case.method} {case.formatted_path} -> {response.status_code}: "

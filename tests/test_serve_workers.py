@@ -13,7 +13,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -63,18 +62,6 @@ def service(folder: Path, store: str, workers: int) -> Service:
     return running
 
 
-def workers_of(running: Service) -> list[psutil.Process]:
-    """The uvicorn worker processes under the service (the supervisor's children running the app)."""
-    workers = []
-    for child in psutil.Process(running.process.pid).children(recursive=True):
-        try:  # a killed worker lingers as a zombie until the supervisor reaps it
-            if child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(child.cmdline()):
-                workers.append(child)
-        except psutil.Error:
-            continue
-    return workers
-
-
 def wait_for(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -88,7 +75,7 @@ def test_two_workers_share_one_store_and_survive_a_killed_worker(tmp_path, store
     with service(tmp_path, store_url, workers=2) as running:
         port = running.port
         assert call(port, "GET", "/readyz", key=None) == (200, {"status": "ready", "detail": None})
-        assert wait_for(lambda: len(workers_of(running)) == 2, 60), "two worker processes"
+        assert wait_for(lambda: len(running.workers()) == 2, 60), "two worker processes"
         acknowledged, errors, stop = {}, [], threading.Event()
 
         def adder(worker: int) -> None:
@@ -119,11 +106,11 @@ def test_two_workers_share_one_store_and_survive_a_killed_worker(tmp_path, store
             writers = [pool.submit(adder, w) for w in range(4)]
             try:
                 assert wait_for(lambda: len(acknowledged) >= 8, 120)
-                victim = workers_of(running)[0]
+                victim = running.workers()[0]
                 os.kill(victim.pid, signal.SIGKILL)
                 killed_at = len(acknowledged)
                 assert wait_for(lambda: len(acknowledged) >= killed_at + 8, 120), "the other worker serves on"
-                assert wait_for(lambda: len(workers_of(running)) == 2, 120), "the dead worker is replaced"
+                assert wait_for(lambda: len(running.workers()) == 2, 120), "the dead worker is replaced"
             finally:
                 stop.set()
             for writer in writers:

@@ -37,6 +37,19 @@ class UpdateConfig(Section):
     max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
 
 
+class PoolConfig(Section):
+    """Postgres connections of one process (each worker has its own pool); SQLite ignores it."""
+
+    min: int = Field(1, ge=0, description="connections kept open")
+    max: int = Field(10, ge=1, description="at most; N workers on M machines open up to max·N·M")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PoolConfig:
+        if self.min > self.max:
+            raise ValueError(f"pool: min {self.min} is above max {self.max}")
+        return self
+
+
 def _check_store(value: str) -> str:
     if "://" in value and not value.startswith((SQLITE_URL, *POSTGRES_SCHEMES)):
         raise ValueError(
@@ -68,6 +81,7 @@ class MemoryConfig(Section):
     windows: WindowConfig = WindowConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
     update: UpdateConfig = UpdateConfig()
+    pool: PoolConfig = PoolConfig()
 
     @field_validator("store")
     @classmethod
@@ -98,6 +112,14 @@ class MemoryConfig(Section):
             return _check_store(value)
         except ValueError as err:
             raise ValueError(f"store_env: {self.store_env}: {err}") from None
+
+    def open_store(self):
+        """The store of `store_url()`, with this config's options for its backend."""
+        from dimmem.runtime.stores import is_postgres, open_store
+
+        url = self.store_url()
+        options = {"pool_min": self.pool.min, "pool_max": self.pool.max} if is_postgres(url) else {}
+        return open_store(url, ann_min_records=self.retrieval.ann_min_records, **options)
 
     # --- the components (heavy imports stay inside: the CLI imports this module's users lazily) -----
     def client(self):

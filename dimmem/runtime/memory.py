@@ -81,7 +81,7 @@ from dimmem.runtime.embed import Embedder
 from dimmem.runtime.extractors import Extractor
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
-from dimmem.runtime.stores import Store, open_store
+from dimmem.runtime.stores import Store
 from dimmem.runtime.stores.base import RecordStateError
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
@@ -154,7 +154,7 @@ class Memory:
         client = None  # one client for the 'model' components: one rate limit, one usage count
         if any(component is None and getattr(config, name) == "model" for name, component in given.items()):
             client = config.client()
-        self.store: Store = open_store(config.store_url(), ann_min_records=config.retrieval.ann_min_records)
+        self.store: Store = config.open_store()
         self.embedder = embedder or config.build_embedder()
         self.extractor = extractor or config.build_extractor(client)
         self.query_parser = query_parser or config.build_query_parser(client)

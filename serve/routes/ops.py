@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serve.deps import Operator, Service
 from serve.guard import clip
@@ -47,4 +46,5 @@ def ready(state: Service, response: Response) -> dict:
     dependencies=[Operator],
 )
 def metrics(state: Service) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    body, media_type = state.metrics.exposition()
+    return Response(body, media_type=media_type)
