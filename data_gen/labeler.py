@@ -4,7 +4,7 @@ validation, repair rounds with the validator's report, or quarantine with the re
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from data_gen.config import TeacherConfig
 from data_gen.jobs import Job
@@ -22,6 +22,9 @@ class Outcome:
     status: str  # "labeled" | "repaired" | "quarantined"
     value: dict | None = None
     reason: str | None = None
+    # the teacher's answers in order, each with the validator's report when it failed: what a person
+    # reads to see why a job was repaired or quarantined (jobs.jsonl)
+    rounds: list[dict] = field(default_factory=list)
 
 
 class Deferred(Exception):
@@ -53,19 +56,22 @@ class Labeler:
         return outcome
 
     async def _label(self, job: Job, attempt: int) -> Outcome:
-        messages = job.messages
+        messages, rounds = job.messages, []
         try:
             for repair in range(self.repair_rounds + 1):
                 completion = await self.teacher.answer(job, messages, attempt)
+                rounds.append({"answer": completion.text, "finish_reason": completion.finish_reason})
                 if completion.finish_reason == "length":
                     budget = completion.max_tokens or self.max_tokens_cap
                     limit = "" if budget >= self.max_tokens_cap else " (all the teacher's context leaves)"
-                    return Outcome(
-                        job, "quarantined", reason=f"truncated: still cut off at max_tokens={budget}{limit}"
-                    )
+                    reason = f"truncated: still cut off at max_tokens={budget}{limit}"
+                    return Outcome(job, "quarantined", reason=reason, rounds=rounds)
                 result = validate(job.task, completion.text, job.scope)
                 if result.ok:
-                    return Outcome(job, "repaired" if repair else "labeled", value=result.value)
+                    return Outcome(
+                        job, "repaired" if repair else "labeled", value=result.value, rounds=rounds
+                    )
+                rounds[-1]["issues"] = result.report()
                 messages = messages + [
                     {"role": "assistant", "content": completion.text},
                     self.repair_prompt.render(report=result.report())[1],
@@ -73,14 +79,15 @@ class Labeler:
         except FatalModelError:
             raise  # the endpoint refuses everything: stop the run instead of quarantining every job
         except PromptTooLongError as exc:
-            return Outcome(job, "quarantined", reason=f"too_long_for_teacher: {exc}")
+            return Outcome(job, "quarantined", reason=f"too_long_for_teacher: {exc}", rounds=rounds)
         except ModelError as exc:
-            return Outcome(job, "quarantined", reason=f"request_failed: {exc}")
+            return Outcome(job, "quarantined", reason=f"request_failed: {exc}", rounds=rounds)
         return Outcome(
             job,
             "quarantined",
             reason=f"invalid after {self.repair_rounds} repair round(s): "
             f"{', '.join(result.rules_broken())}\n{result.report()}",
+            rounds=rounds,
         )
 
 

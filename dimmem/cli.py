@@ -24,6 +24,7 @@ COMMANDS = {
     "eval": ("eval.cli", "extraction quality, memory QA, retrieval benchmarks"),
     "memory": ("dimmem.runtime.cli", "the memory runtime: add conversations, load extracted records, search"),
     "serve": ("serve.cli", "vLLM for the extractor, the HTTP memory service"),
+    "inspect": ("inspector.cli", "a local web inspector over datagen outputs, eval runs and memory stores"),
 }
 
 

@@ -89,6 +89,17 @@ def align(predicted: list[dict], reference: list[dict]) -> list[tuple[int, int, 
     ]
 
 
+def aligned_memories(
+    output: str | dict | None, reference: str | dict
+) -> tuple[list[dict], list[dict], list[tuple[int, int, float]]]:
+    """The predicted memories, the reference memories and their alignment, exactly as a window is scored
+    (also what `dimmem inspect` shows side by side)."""
+    ref_value, _ = parse_json(reference)
+    value, _ = parse_json(output) if output is not None else (None, None)
+    predicted = usable_memories(value)
+    return predicted, ref_value["memories"], align(predicted, ref_value["memories"])
+
+
 def pair_scores(p: dict, r: dict, similarity: float) -> dict:
     scores = {
         "type_accuracy": float(p.get("type") == r["type"]),
@@ -113,13 +124,10 @@ def score_window(
     output: str, reference: str | dict, scope: TurnScope | None = None, finish_reason: str | None = None
 ) -> dict:
     """Everything measured on one window (plain numbers and lists, JSON-ready)."""
-    ref_value, _ = parse_json(reference)
-    ref_memories = ref_value["memories"]
     value, _ = parse_json(output)
     report = validate("extract", output, scope)
     rules = report.rules_broken()
-    predicted = usable_memories(value)
-    matches = align(predicted, ref_memories)
+    predicted, ref_memories, matches = aligned_memories(output, reference)
     pairs = [pair_scores(predicted[i], ref_memories[j], s) for i, j, s in matches]
     return {
         "parsed": value is not None,

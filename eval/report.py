@@ -73,7 +73,7 @@ def write_report(metrics: dict, out: Path) -> Path:
         "| metric | value |",
         "|---|---|",
     ]
-    lines += [f"| {label} | {_fmt(metrics.get(key))} |" for key, label in HEADLINE_ROWS]
+    lines += [f"| {label} | {value} |" for label, value in metric_rows(metrics)]
     lines += ["", "Rule violations (share of windows):", "", "| rule | rate |", "|---|---|"]
     lines += [f"| {rule} | {rate:.3f} |" for rule, rate in metrics["rule_violation_rate"].items()] or [
         "| (none) | 0 |"
@@ -93,6 +93,11 @@ def write_report(metrics: dict, out: Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def metric_rows(metrics: dict) -> list[tuple[str, str]]:
+    """(label, value) per headline metric, formatted as reports show them (n/a: not applicable)."""
+    return [(label, _fmt(metrics.get(key))) for key, label in HEADLINE_ROWS]
 
 
 def plot_run(metrics: dict, out: Path) -> None:
@@ -138,8 +143,15 @@ def compare(run_a: str | Path, run_b: str | Path) -> str:
     a, b = (json.loads((Path(r) / "metrics.json").read_text()) for r in (run_a, run_b))
     name_a, name_b = Path(run_a).name, Path(run_b).name
     lines = [f"| metric | {name_a} | {name_b} | delta |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in compare_rows(a, b)]
+    return "\n".join(lines)
+
+
+def compare_rows(a: dict, b: dict) -> list[tuple[str, str, str, str]]:
+    """(label, A, B, B - A) per headline metric of two runs' metrics.json, formatted as reports show them."""
+    rows = []
     for key, label in HEADLINE_ROWS:
         va, vb = a.get(key), b.get(key)
         delta = f"{vb - va:+.3f}" if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else ""
-        lines.append(f"| {label} | {_fmt(va)} | {_fmt(vb)} | {delta} |")
-    return "\n".join(lines)
+        rows.append((label, _fmt(va), _fmt(vb), delta))
+    return rows

@@ -1,0 +1,260 @@
+"""`dimmem inspect` over real outputs of the pipeline: a datagen output with a repaired and a quarantined
+window (the fake teacher), two eval runs scored against it, and a memory store loaded from its labels
+with one record edited. The browser tests drive Debian's headless Chromium through selenium (a missing
+browser fails them); the others read the pages over HTTP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx2
+import pytest
+from datagen_helpers import mock_client, toy_config, window_marker
+
+from data_gen.fake_teacher import FakeTeacher
+from data_gen.run import run as datagen
+from inspector.browser import chromium, served
+from inspector.cli import open_all
+from inspector.config import InspectConfig
+from inspector.sample import INVENTED, eval_run, memory_store, perturbed
+
+REPAIRED, QUARANTINED = (0, 1), (1, 1)  # (conversation, window) the teacher gets wrong first / twice
+
+
+@pytest.fixture(scope="module")
+def datagen_out(tmp_path_factory):
+    cfg = toy_config(tmp_path_factory.mktemp("datagen"))
+    cfg = cfg.model_copy(update={"split": cfg.split.model_copy(update={"validation": 0.3, "test": 0.3})})
+    script = {
+        window_marker(cfg, *REPAIRED): ["overlap", "ok"],
+        window_marker(cfg, *QUARANTINED): ["nonjson"] * 2,
+    }
+    datagen(cfg, show_progress=False, http_client=mock_client(FakeTeacher(script)))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def sources_spec(datagen_out, tmp_path_factory):
+    """The paths given to `dimmem inspect`: datagen, two eval runs, a missing folder."""
+    root = tmp_path_factory.mktemp("inspect")
+    eval_run(datagen_out.out, root / "eval-teacher", json.dumps)
+    eval_run(datagen_out.out, root / "eval-perturbed", perturbed)
+    return [datagen_out.out, str(root / "eval-teacher"), str(root / "eval-perturbed"), str(root / "missing")]
+
+
+@pytest.fixture(scope="module")
+def store(datagen_out, tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "memory.sqlite"
+    return {"path": str(path), **memory_store(datagen_out, path)}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    return InspectConfig(index_dir=str(tmp_path_factory.mktemp("index")), page_size=2)
+
+
+def jobs_lines(datagen_out) -> list[dict]:
+    text = (Path(datagen_out.out) / "jobs.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_jobs_jsonl_keeps_every_answer_and_the_validator_report(datagen_out):
+    rows = {r["id"]: r for r in jobs_lines(datagen_out)}
+    repaired = next(r for r in rows.values() if r["status"] == "repaired")
+    quarantined = next(r for r in rows.values() if r["status"] == "quarantined")
+    assert len(repaired["rounds"]) == 2 and "[source_turns_overlap]" in repaired["rounds"][0]["issues"]
+    assert "issues" not in repaired["rounds"][1] and repaired["split"] in ("train", "validation", "test")
+    assert [bool(r.get("issues")) for r in quarantined["rounds"]] == [True, True]
+    assert quarantined["reason"].startswith("invalid after 1 repair round(s): json")
+    window = repaired["window"]
+    assert window["context"] and window["new"] and {"speaker", "session_time", "id"} <= set(window["new"][0])
+
+
+def test_index_is_built_once_and_pages_read_only_their_rows(datagen_out, config):
+    [first] = open_all([datagen_out.out], config)
+    [again] = open_all([datagen_out.out], config)
+    assert first.jobs.built and not again.jobs.built  # the second start reads the cached index
+    n = again.jobs.count()
+    assert n == len(jobs_lines(datagen_out))
+    assert again.jobs.count({"status": "quarantined"}) == 1
+    last = again.jobs.page(None, "line", 1, n - 1)[0]
+    assert again.jobs.get(last["id"])["id"] == last["id"]
+
+
+def test_bad_paths_ids_and_pages_are_pages_not_tracebacks(sources_spec, config):
+    sources = open_all(sources_spec, config)
+    assert [s.kind for s in sources] == ["datagen", "eval", "eval", "broken"]
+    with served(sources, config) as base, httpx2.Client(base_url=base) as client:
+        expected = {
+            "/s/3": (422, "no such file or folder"),
+            "/s/9": (404, "No such source"),
+            "/s/0/jobs?page=999": (404, "No such page"),
+            "/s/0/jobs?page=two": (400, "Bad page number"),
+            "/s/0/job?id=nope": (404, "No such job"),
+            "/s/0/job": (400, "id: Field required"),
+            "/s/1/window?id=nope": (404, "No such window"),
+            "/s/1/windows?order=random": (400, "Bad order"),
+            "/s/1/jobs": (404, "Wrong kind of source"),
+            "/compare?a=0&b=1": (404, "Wrong kind of source"),
+            "/nowhere": (404, "no page /nowhere"),
+        }
+        for path, (status, text) in expected.items():
+            response = client.get(path)
+            assert (response.status_code, text in response.text) == (status, True), path
+            assert "Traceback" not in response.text and "<html" in response.text
+        refused = client.post("/s/0/jobs")  # read-only: GET pages only
+        assert refused.status_code == 405 and "only reads" in refused.text
+
+
+def test_malformed_sources_say_what_is_wrong(tmp_path, config):
+    import sqlite3
+
+    (tmp_path / "notes.txt").write_text("not a database")
+    db = sqlite3.connect(tmp_path / "other.sqlite")
+    db.execute("CREATE TABLE t (x)")
+    db.commit()
+    db.close()
+    (tmp_path / "datagen").mkdir()
+    (tmp_path / "datagen" / "report.json").write_text("{oops")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "metrics.json").write_text("{}")
+    names = ["notes.txt", "other.sqlite", "datagen", "eval", "missing.sqlite"]
+    sources = open_all([str(tmp_path / name) for name in names], config)
+    problems = [s.problem for s in sources if s.kind == "broken"]
+    assert len(problems) == 5
+    for problem, expected in zip(
+        problems,
+        [
+            "not a SQLite database",
+            "not a memory store",
+            "report.json: not JSON",
+            "without windows.jsonl",
+            "no such",
+        ],
+    ):
+        assert expected in problem, problem
+    assert not (tmp_path / "missing.sqlite").exists()  # opening never creates a store
+
+
+# --- in a real browser ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    driver = chromium()  # no browser: this fails the run (make browser installs Debian's)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def site(sources_spec, store, config):
+    with served(open_all([*sources_spec, store["path"]], config), config) as base:
+        yield base
+
+
+def rows(driver, table: str) -> list:
+    return driver.find_elements("css selector", f"#{table} tbody tr")
+
+
+def follow(driver, element) -> None:
+    """Click a link or button and wait for the next page to replace this one."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element("tag name", "html")
+    element.click()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(page))
+
+
+@pytest.mark.integration
+def test_browser_datagen_filter_window_and_highlight(browser, site):
+    from selenium.webdriver import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    browser.get(f"{site}/")
+    assert "no such file or folder" in browser.find_element("css selector", "tr.broken").text
+    browser.get(f"{site}/s/0")
+    cards = {c.find_element("class name", "label").text: c.find_element("class name", "num").text
+             for c in browser.find_elements("class name", "card")}  # fmt: skip
+    assert (cards["repaired"], cards["quarantined"]) == ("1", "1")
+    follow(browser, browser.find_element("link text", "All jobs"))
+    Select(browser.find_element("name", "status")).select_by_value("quarantined")
+    follow(browser, browser.find_element("css selector", "#job-filters button"))
+    [row] = rows(browser, "jobs")
+    assert "quarantined" in row.text and "invalid after 1 repair round(s): json" in row.text
+    follow(browser, row.find_element("css selector", "td a"))
+    assert "Why it was quarantined" in browser.page_source
+    assert len(browser.find_elements("css selector", "#rounds details.round")) == 2
+    assert "not valid JSON" in browser.find_element("css selector", "pre.issues").text
+
+    browser.get(f"{site}/s/0/jobs?status=repaired")
+    follow(browser, rows(browser, "jobs")[0].find_element("css selector", "td a"))
+    assert browser.find_elements("css selector", ".turn.context") and browser.find_elements(
+        "css selector", ".turn.new"
+    )
+    assert browser.find_element("css selector", ".split").text in ("train", "validation", "test")
+    record = browser.find_element("css selector", "#records .record")
+    cited = set(record.get_attribute("data-cites").split())
+
+    def lit(cls: str) -> set[str]:
+        return {t.get_attribute("data-turn") for t in browser.find_elements("css selector", f".turn.{cls}")}
+
+    assert not lit("lit")
+    ActionChains(browser).move_to_element(record).perform()
+    assert lit("lit") == cited
+    ActionChains(browser).move_to_element(browser.find_element("tag name", "h1")).perform()
+    assert not lit("lit")
+    record.click()
+    assert lit("pinned") == cited and "pinned" in record.get_attribute("class")
+
+
+@pytest.mark.integration
+def test_browser_eval_run_sorted_aligned_and_compared(browser, site):
+    browser.get(f"{site}/s/2")
+    metrics = browser.find_element("id", "metrics").text
+    assert "memory F1" in metrics and "headline (0-100)" in metrics
+    plots = browser.find_elements("css selector", ".plots img")
+    assert len(plots) == 2 and all(int(p.get_attribute("naturalWidth")) > 0 for p in plots)
+    follow(browser, browser.find_element("link text", "Windows, worst first"))
+    scores = [float(r.find_elements("tag name", "td")[1].text) for r in rows(browser, "windows")]
+    assert scores == sorted(scores) and scores[0] < 1.0
+    follow(browser, rows(browser, "windows")[0].find_element("css selector", "td a"))
+    diff = {
+        r.find_element("tag name", "td").text.rstrip(" ≠")
+        for r in browser.find_elements("css selector", "table.pair tr.diff")
+    }
+    assert {"type", "time"} <= diff
+    assert INVENTED in browser.find_element("id", "invented").text
+    assert "the window in" in browser.find_element("class name", "sub").text  # linked to its datagen window
+
+    browser.get(f"{site}/")
+    follow(browser, browser.find_element("css selector", "form.inline button"))
+    compare = {r.find_elements("tag name", "td")[0].text: r.text for r in rows(browser, "compare")}
+    assert compare["memory F1"].startswith("memory F1 1.000 0.") and compare["memory F1"].split()[
+        -1
+    ].startswith("-0.")
+
+
+@pytest.mark.integration
+def test_browser_store_search_and_history(browser, site, store):
+    browser.get(f"{site}/s/4")
+    assert "3 rows · page 1 of 2" in browser.find_element("class name", "pager").text
+    follow(browser, browser.find_element("link text", "last"))
+    assert [u.find_element("tag name", "a").text for u in rows(browser, "users")] == [store["user"]]
+    follow(browser, browser.find_element("link text", store["user"]))
+    assert len(rows(browser, "records")) == 2  # page_size, of 3
+    follow(browser, browser.find_element("link text", "next"))
+    assert rows(browser, "records")
+    box = browser.find_element("name", "q")
+    box.send_keys(store["edited"]["content"])
+    follow(browser, browser.find_element("css selector", "#search button"))
+    parsed = browser.find_element("id", "parsed").text
+    assert "keywords" in parsed and "target_types" in parsed
+    hits = rows(browser, "hits")
+    assert "#1" in hits[0].text and "Really." in hits[0].text  # its own content: first on some path
+    follow(browser, hits[0].find_element("css selector", "td:last-child a"))
+    assert "Really." in browser.find_element("css selector", ".record .content").text
+    history = browser.find_elements("css selector", "#history li")
+    assert [h.text.split()[0:2] for h in history] == [["v1", "ADD"], ["v2", "UPDATE"]]
+    assert "changed: content" in history[1].text
+    sources = browser.find_elements("css selector", "#turns .turn.source")
+    assert {s.get_attribute("data-turn") for s in sources} == set(store["edited"]["source_turns"])
