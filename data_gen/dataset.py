@@ -12,8 +12,10 @@ from pathlib import Path
 import datasets
 from datasets import Dataset, DatasetDict
 
+from data_gen.jobs_index import COLUMNS, INDEX, JOBS, KEY
 from data_gen.labeler import Outcome
 from dimmem.contract.records import canonical_json
+from dimmem.jsonl_index import write_jsonl
 
 SOURCE_LICENSES = {
     "locomo": "CC BY-NC 4.0 (non-commercial)",
@@ -118,7 +120,8 @@ def job_row(outcome: Outcome, split: str | None) -> dict:
 
 
 def write_outputs(out: Path, dataset: DatasetDict, outcomes: list[Outcome], report: dict, card: str) -> None:
-    """Write everything, the dataset folder atomically (a killed write never leaves a half dataset)."""
+    """Write everything, the dataset folder and the jobs' index atomically (a killed write never leaves
+    a half dataset, nor an index that looks complete)."""
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "dataset.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -156,9 +159,8 @@ def write_outputs(out: Path, dataset: DatasetDict, outcomes: list[Outcome], repo
                     row["memories"] = global_memories(o)
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
     splits = {cid: name for name, rows in dataset.items() for cid in rows["conversation_id"]}
-    with open(out / "jobs.jsonl", "w", encoding="utf-8") as f:
-        for o in outcomes:
-            f.write(json.dumps(job_row(o, splits.get(o.job.conversation_id)), ensure_ascii=False) + "\n")
+    jobs = (job_row(o, splits.get(o.job.conversation_id)) for o in outcomes)
+    write_jsonl(out / JOBS, jobs, COLUMNS, KEY, out / INDEX)  # the index: a large output opens at once
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "README.md").write_text(card)
 

@@ -44,6 +44,13 @@ def build_app(sources: list, config: InspectConfig) -> FastAPI:
             request, name, {"sources": sources, "url": _url(request), **context}, status_code=status
         )
 
+    def listing(request: Request, name: str, index, where, order: str, /, **context) -> HTMLResponse:
+        """One page of an indexed JSONL's rows (`?page=`), with the pager's numbers."""
+        total = index.count(where)
+        number, offset, pages = _pager(total, request.query_params.get("page"), size)
+        rows = index.page(where, order, size, offset)
+        return page(request, name, rows=rows, total=total, page_no=number, pages=pages, **context)
+
     def source(n: int, kind: type):
         if not 0 <= n < len(sources):
             raise Problem(404, "No such source", f"source {n} is not open; the inspector has {len(sources)}.")
@@ -119,13 +126,7 @@ def build_app(sources: list, config: InspectConfig) -> FastAPI:
             "conversation": conversation,
         }
         where = found.job_filters(given)
-        total = index.count(where)
-        number, offset, pages = _pager(total, request.query_params.get("page"), size)
-        rows = index.page(where, "line", size, offset)
-        return page(
-            request, "datagen_jobs.html", n=n, src=found, rows=rows, total=total, given=given,
-            page_no=number, pages=pages,
-        )  # fmt: skip
+        return listing(request, "datagen_jobs.html", index, where, "line", n=n, src=found, given=given)
 
     @app.get("/s/{n}/job", response_class=HTMLResponse)
     def job(request: Request, n: int, id: str):
@@ -150,12 +151,9 @@ def build_app(sources: list, config: InspectConfig) -> FastAPI:
         found = source(n, EvalRun)
         if order not in ORDERS:
             raise Problem(400, "Bad order", f"order {order!r}: expected one of {', '.join(ORDERS)}.")
-        total = found.windows.count()
-        number, offset, pages = _pager(total, request.query_params.get("page"), size)
-        rows = found.windows.page(None, ORDERS[order], size, offset)
-        return page(
-            request, "eval_windows.html", n=n, src=found, rows=rows, order=order, orders=ORDERS, total=total,
-            page_no=number, pages=pages,
+        return listing(
+            request, "eval_windows.html", found.windows, None, ORDERS[order], n=n, src=found, order=order,
+            orders=ORDERS,
         )  # fmt: skip
 
     @app.get("/s/{n}/window", response_class=HTMLResponse)

@@ -1,13 +1,15 @@
 """A datagen output folder as the inspector reads it: `report.json` for the numbers, and `jobs.jsonl`
-(one line per job: its input, the teacher's answers round by round, the outcome, the split) indexed once
-so the job list pages and filters without reading the file."""
+(one line per job: its input, the teacher's answers round by round, the outcome, the split) paged through
+the index datagen wrote beside it (or, for an output without one, an index built once), so the job list
+pages and filters without reading the file."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from inspector.jsonl_index import Column, JsonlIndex
+from data_gen.jobs_index import COLUMNS, HEAD, INDEX, JOBS, KEY
+from dimmem.jsonl_index import JsonlIndex
 from inspector.problems import Problem
 
 # the list's filters: query parameter -> index column
@@ -30,19 +32,6 @@ REPORT_NUMBERS = (
 )
 
 
-COLUMNS = [
-    Column("id", "TEXT", lambda r: r["id"]),
-    Column("task", "TEXT", lambda r: r.get("task")),
-    Column("conv", "TEXT", lambda r: r.get("conversation_id")),
-    Column("status", "TEXT", lambda r: r.get("status")),
-    Column("reason", "TEXT", lambda r: (r.get("reason") or "").split("\n")[0] or None),
-    Column("split", "TEXT", lambda r: r.get("split")),
-    Column("records", "INTEGER", lambda r: r.get("records")),
-    Column("answers", "INTEGER", lambda r: r.get("answers")),
-]
-HEAD = b', "value": '  # data_gen writes the listed keys before the record itself
-
-
 class DatagenOutput:
     kind = "datagen"
 
@@ -54,9 +43,14 @@ class DatagenOutput:
             raise ValueError(f"{folder / 'report.json'}: not JSON ({exc.msg}, line {exc.lineno})") from None
         if not isinstance(self.report, dict):
             raise ValueError(f"{folder / 'report.json'}: expected an object of counts")
-        jobs = folder / "jobs.jsonl"
-        # an output written before jobs.jsonl existed still shows its report
-        self.jobs = JsonlIndex(jobs, COLUMNS, "id", index_dir, HEAD) if jobs.is_file() else None
+        jobs = folder / JOBS
+        # datagen's own index when it still matches jobs.jsonl, else one scan into index_dir; an output
+        # written before jobs.jsonl existed still shows its report
+        self.jobs = (
+            JsonlIndex(jobs, COLUMNS, KEY, index_dir, HEAD, sidecar=folder / INDEX)
+            if jobs.is_file()
+            else None
+        )
         self.facets = (
             {name: self.jobs.facet(column) for name, column in FILTERS.items() if name != "conversation"}
             if self.jobs

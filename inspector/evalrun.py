@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 
 from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.jsonl_index import Column, JsonlIndex
 from eval.metrics import aligned_memories, pair_scores
 from eval.report import compare_rows, metric_rows
-from inspector.jsonl_index import Column, JsonlIndex
 from inspector.problems import Problem
 
 PLOTS = ("fields.png", "confusion.png")

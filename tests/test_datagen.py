@@ -9,7 +9,9 @@ from datagen_helpers import mock_client, toy_config, window_marker
 from datasets import load_from_disk
 
 from data_gen.fake_teacher import FakeTeacher
+from data_gen.jobs_index import COLUMNS, INDEX, JOBS, KEY
 from data_gen.run import run
+from dimmem.jsonl_index import write_jsonl
 from dimmem.llm import FatalModelError, RateLimiter
 
 
@@ -45,8 +47,21 @@ def test_clean_run_labels_every_window(tmp_path):
         for cid in split["conversation_id"]:
             conv_splits.setdefault(cid, set()).add(name)
     assert all(len(s) == 1 for s in conv_splits.values())  # split by conversation, never by window
-    for name in ("quarantine.jsonl", "report.json", "README.md", "labels.jsonl"):
+    for name in ("quarantine.jsonl", "report.json", "README.md", "labels.jsonl", JOBS, INDEX):
         assert (tmp_path / name).exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_killed_jobs_write_leaves_no_index_that_looks_complete(tmp_path):
+    (tmp_path / INDEX).write_text("the previous run's index")
+
+    def rows():
+        yield {"id": "a", "task": "extract", "value": None}
+        raise KeyboardInterrupt  # killed while writing
+
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl(tmp_path / JOBS, rows(), COLUMNS, KEY, tmp_path / INDEX)
+    assert not list(tmp_path.glob(f"{INDEX}*"))  # neither the old index nor a partial one
 
 
 @pytest.mark.parametrize(

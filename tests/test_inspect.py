@@ -6,6 +6,7 @@ browser fails them); the others read the pages over HTTP."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx2
@@ -13,7 +14,9 @@ import pytest
 from datagen_helpers import mock_client, toy_config, window_marker
 
 from data_gen.fake_teacher import FakeTeacher
+from data_gen.jobs_index import COLUMNS, HEAD, INDEX, JOBS, KEY
 from data_gen.run import run as datagen
+from dimmem.jsonl_index import JsonlIndex
 from inspector.browser import chromium, served
 from inspector.cli import open_all
 from inspector.config import InspectConfig
@@ -71,15 +74,60 @@ def test_jobs_jsonl_keeps_every_answer_and_the_validator_report(datagen_out):
     assert window["context"] and window["new"] and {"speaker", "session_time", "id"} <= set(window["new"][0])
 
 
-def test_index_is_built_once_and_pages_read_only_their_rows(datagen_out, config):
-    [first] = open_all([datagen_out.out], config)
-    [again] = open_all([datagen_out.out], config)
+def copied(datagen_out, folder: Path, index: bool = True) -> Path:
+    """The datagen output's report and jobs.jsonl copied as `cp -p` does (times kept), with its index
+    or as an output written before datagen wrote one."""
+    folder.mkdir()
+    for name in ("report.json", JOBS, *([INDEX] if index else [])):
+        shutil.copy2(Path(datagen_out.out, name), folder / name)
+    return folder
+
+
+def listing(index) -> tuple[list[dict], dict]:
+    """Everything the job list shows: each row of the index in file order, and the facets."""
+    rows = [dict(r) for r in index.page(None, "line", index.count(), 0)]
+    return rows, {c: [tuple(f) for f in index.facet(c)] for c in ("task", "status", "split", "reason")}
+
+
+def test_datagen_index_opens_the_output_without_a_scan(datagen_out, tmp_path):
+    index_dir = tmp_path / "index"
+    [first] = open_all([datagen_out.out], InspectConfig(index_dir=str(index_dir)))
+    assert first.jobs.file == Path(datagen_out.out, INDEX) and not first.jobs.built
+    assert not index_dir.exists()  # nothing scanned, nothing cached
+    [moved] = open_all(
+        [str(copied(datagen_out, tmp_path / "moved"))], InspectConfig(index_dir=str(index_dir))
+    )
+    assert moved.jobs.file == tmp_path / "moved" / INDEX  # a moved or copied folder keeps its index
+    scanned = JsonlIndex(Path(datagen_out.out, JOBS), COLUMNS, KEY, tmp_path / "scan", HEAD)
+    assert scanned.built and listing(first.jobs) == listing(scanned)  # the same pages either way
+    n = first.jobs.count()
+    assert n == len(jobs_lines(datagen_out)) and first.jobs.count({"status": "quarantined"}) == 1
+    last = first.jobs.page(None, "line", 1, n - 1)[0]
+    assert first.jobs.get(last["id"])["id"] == last["id"]
+
+
+def test_without_a_matching_index_the_output_is_scanned_once(datagen_out, config, tmp_path):
+    older = copied(datagen_out, tmp_path / "older", index=False)
+    [first] = open_all([str(older)], config)
+    [again] = open_all([str(older)], config)
     assert first.jobs.built and not again.jobs.built  # the second start reads the cached index
-    n = again.jobs.count()
-    assert n == len(jobs_lines(datagen_out))
-    assert again.jobs.count({"status": "quarantined"}) == 1
-    last = again.jobs.page(None, "line", 1, n - 1)[0]
-    assert again.jobs.get(last["id"])["id"] == last["id"]
+    assert again.jobs.file.parent == Path(config.index_dir) and not (older / INDEX).exists()
+
+    killed = copied(datagen_out, tmp_path / "killed", index=False)
+    shutil.copy2(Path(datagen_out.out, INDEX), killed / f"{INDEX}.partial")  # killed before its rename
+    [partial] = open_all([str(killed)], config)
+    assert partial.jobs.file.parent == Path(config.index_dir)
+
+    stale = copied(datagen_out, tmp_path / "stale")
+    lines = (stale / JOBS).read_text().splitlines()
+    first_row = json.loads(lines[0])
+    lines[0] = json.dumps({**first_row, "status": "edited"}, ensure_ascii=False)
+    (stale / JOBS).write_text("\n".join(lines[1:] + lines[:1]) + "\n")  # edited after datagen
+    [edited] = open_all([str(stale)], config)
+    assert edited.jobs.built and edited.jobs.file.parent == Path(config.index_dir)
+    assert edited.jobs.count({"status": "edited"}) == 1
+    assert edited.jobs.page(None, "line", 1, len(lines) - 1)[0]["id"] == first_row["id"]
+    assert edited.jobs.get(first_row["id"])["status"] == "edited"
 
 
 def test_bad_paths_ids_and_pages_are_pages_not_tracebacks(sources_spec, config):
