@@ -16,7 +16,6 @@ from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR, REPO_ROOT, shared_data
 from train.args import QWEN3_LINEAR, parse_args
 from train.data import DatasetFormatError, mix_tasks, prepare_split, tokenize_row
-from train.sft import check_packing
 
 MESSAGES = [
     {"role": "system", "content": "You extract memories."},
@@ -82,14 +81,6 @@ def test_task_mixing():
     assert sorted(mixed["task"]).count("extract") == 20 and mixed["task"].count("consolidate") == 3
     with pytest.raises(DatasetFormatError, match="no weight"):
         mix_tasks(split, {"extract": 1.0}, seed=0)
-
-
-def test_packing_needs_a_varlen_kernel():
-    sft, model = parse_args(["--config", str(CONFIG_DIR / "train" / "tiny.yaml"), "--packing", "true"])[1:]
-    with pytest.raises(ValueError, match="packing: true needs an attention kernel"):
-        check_packing(sft, model)
-    model.attn_implementation = "flash_attention_2"
-    check_packing(sft, model)
 
 
 def test_lora_targets_all_seven_projections(tmp_path):
@@ -273,6 +264,24 @@ def test_tiny_training_loss_falls_and_writes_the_run(tiny_run):
 
 
 @pytest.mark.slow
+def test_tiny_run_reports_its_throughput(tiny_run):
+    run = json.loads((tiny_run / "dimmem_train.json").read_text())
+    assert run["dimmem"]["answer_only_logits"] is True  # the profile's settings, as trained
+    assert run["sft"]["train_sampling_strategy"] == "random"
+    t = run["throughput"]
+    logged = [h for h in _state(tiny_run / "checkpoint-24")["log_history"] if "loss" in h]
+    # TRL counts every step's non-pad tokens; the meter leaves the first (warm-up) step out
+    assert t["steps_timed"] == 23
+    assert t["real_tokens"] == logged[-1]["num_tokens"] - logged[0]["num_tokens"]
+    assert t["real_tokens"] < t["token_slots"] and t["padding_efficiency"] == round(
+        t["real_tokens"] / t["token_slots"], 4
+    )
+    assert t["real_tokens_per_s"] > 0 and t["real_tokens_per_cpu_s"] > 0 and 0 < t["step_s"] < 60
+    assert 0.1 < t["peak_memory_gib"] < 24 and t["peak_memory_kind"] == "process peak RSS"
+    assert 0 < t["model_tflops_per_token"] < 1e-4 and t["mfu"] is None  # MFU only on a GPU
+
+
+@pytest.mark.slow
 def test_resume_continues_from_the_saved_step(tiny_setup, tiny_run):
     from train.__main__ import main
 
@@ -334,7 +343,11 @@ def test_two_process_cpu_run(tiny_setup, tiny_run):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((out / "dimmem_train.json").read_text())["world_size"] == 2
+    run = json.loads((out / "dimmem_train.json").read_text())
+    assert run["world_size"] == 2 and run["dimmem"]["answer_only_logits"] is True
+    # the second step's tokens of both ranks, in the run's record and in its log
+    assert run["throughput"]["steps_timed"] == 1 and run["throughput"]["real_tokens"] > 0
+    assert proc.stdout.count("throughput: ") == 1
 
 
 @pytest.mark.slow
@@ -417,6 +430,38 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
     assert branch["branch"] == "v1"
     assert upload["repo_id"] == "me/dimmem-tiny" and upload["revision"] == "v1"
     assert "adapter_model.safetensors" in upload["files"] and "README.md" in upload["files"]
+
+
+@pytest.mark.slow
+def test_cpu_benchmark_runs_its_variants_side_by_side(tiny_setup, tmp_path):
+    """Two variants, one step each after a warm-up step, one round: the table has both, in the config's
+    order, with the ratios to the first (a single step says nothing about speed or padding)."""
+    from train.bench_cpu import main
+
+    root, config = tiny_setup
+    bench = tmp_path / "bench.yaml"
+    bench.write_text(
+        yaml.safe_dump(
+            {
+                "train": {"max_steps": 2, "eval_strategy": "no", "save_strategy": "no", "report_to": "none"},
+                "variants": {
+                    "before": {"answer_only_logits": False, "train_sampling_strategy": "random"},
+                    "after": {"answer_only_logits": True, "train_sampling_strategy": "group_by_length"},
+                },
+            },
+            sort_keys=False,  # the first variant is the baseline
+        )
+    )
+    out = tmp_path / "bench.json"
+    rows = main(["--profile", str(config), "--bench-config", str(bench), "--rounds", "1", "--json", str(out)])
+    assert (
+        [r["variant"] for r in rows]
+        == ["before", "after"]
+        == [r["variant"] for r in json.loads(out.read_text())["variants"]]
+    )
+    before, after = rows
+    assert before["real_tokens_per_s_ratio"] == 1.0 and after["real_tokens_per_s"] > 0
+    assert 0 < after["padding_efficiency"] <= 1 and after["steps_timed"] == 1
 
 
 def test_bad_dataset_path_exits_2_with_a_message(tmp_path, capsys):

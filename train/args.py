@@ -45,6 +45,13 @@ class DimmemArguments:
     resume: str | None = field(
         default=None, metadata={"help": "'latest' or a checkpoint folder to resume from"}
     )
+    answer_only_logits: bool = field(
+        default=False,
+        metadata={
+            "help": "project only the answer positions onto the vocabulary (train.answer_logits); "
+            "same loss and gradients, a fraction of the output layer's work"
+        },
+    )
 
 
 CPU_PROFILE = "configs/train/tiny.yaml"
@@ -59,6 +66,7 @@ class Parser(TrlParser):
         super().__init__((DimmemArguments, SFTConfig, ModelConfig), prog=prog)
         self.config_path: str | None = None
         self.config_keys: set[str] = set()
+        self.config_raw: dict = {}
         self.flags_given: set[str] = set()
 
     def parse_args_and_config(self, args=None, **kwargs):
@@ -89,6 +97,7 @@ class Parser(TrlParser):
                 f"ModelConfig or of the DimMem arguments (dimmem train --help lists them)"
             )
         self.config_keys = set(raw)
+        self.config_raw = raw
 
     def error(self, message: str):
         """argparse's usage error, in one line (TRL's usage lists some 300 flags); a bad value that came
@@ -101,6 +110,23 @@ class Parser(TrlParser):
         ):
             message += f" (set in {self.config_path})"
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+# Settings that run on a CUDA GPU only, in the order a refusal names them (the first one set).
+GPU_ONLY = {
+    "use_liger_kernel": "use_liger_kernel: true (Liger's Triton kernels)",
+    "load_in_4bit": "load_in_4bit: true (QLoRA's 4-bit base, bitsandbytes)",
+    "load_in_8bit": "load_in_8bit: true (an 8-bit base, bitsandbytes)",
+}
+
+
+def gpu_only(fields: dict) -> str | None:
+    """The first setting in `fields` (a config file's, or the parsed arguments') that needs a CUDA GPU."""
+    attention = str(fields.get("attn_implementation") or "")
+    found = [what for key, what in GPU_ONLY.items() if fields.get(key) is True]
+    found += [f"attn_implementation: {attention}"] if "flash" in attention else []
+    found += ["bf16: true"] if fields.get("bf16") is True else []
+    return found[0] if found else None
 
 
 def gpu_needed(config: str | None, what: str) -> ConfigError:
@@ -129,12 +155,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[DimmemArguments, SFTConfi
     except ValueError as exc:  # SFTConfig's and TrainingArguments' own checks
         if str(exc).startswith("Some specified arguments are not used"):  # HfArgumentParser's words
             parser.error(f"unrecognized arguments: {str(exc).partition(': ')[2]}")
-        if "bf16" in str(exc):
-            raise gpu_needed(parser.config_path, "bf16: true") from None
+        if "bf16" in str(exc):  # the first GPU-only setting of the file, which may be bf16 itself
+            what = gpu_only({**parser.config_raw, "bf16": True})
+            raise gpu_needed(parser.config_path, what) from None
         raise ConfigError(f"{parser.config_path or 'dimmem train'}: {exc}") from None
-    attention = model_args.attn_implementation or ""
-    if "flash" in attention and not torch.cuda.is_available():
-        raise gpu_needed(parser.config_path, f"attn_implementation: {attention}")
+    if not torch.cuda.is_available() and (
+        what := gpu_only({**vars(model_args), "use_liger_kernel": sft_args.use_liger_kernel})
+    ):
+        raise gpu_needed(parser.config_path, what)
     if model_args.use_peft and not model_args.lora_target_modules:
         model_args.lora_target_modules = list(QWEN3_LINEAR)
     return dimmem_args, sft_args, model_args

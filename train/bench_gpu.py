@@ -2,10 +2,11 @@
 
 Random weights from Qwen3-4B's exact config (nothing is downloaded), a synthetic dataset of DimMem
 extraction rows of ~`--seq` tokens, `train.sft.train` with `configs/train/qwen3-4b-lora.yaml` plus the
-overrides in `configs/train/qwen3-4b-bench.yaml`. Prints and writes tokens/s (steady state, after
-`--warmup` steps), peak GPU memory and MFU.
+overrides in `configs/train/qwen3-4b-bench.yaml`, and those of one of its named `variants` (`--variant`:
+answer-only logits, Liger kernels, activation checkpointing off, 12k tokens). Prints and writes tokens/s
+(steady state, after `--warmup` steps), peak GPU memory and MFU.
 
-    python -m train.bench_gpu --tokenizer PATH --work /tmp/bench --json bench.json
+    python -m train.bench_gpu --tokenizer PATH --work /tmp/bench --variant liger --json bench.json
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR
 from train.args import parse_args
 from train.sft import train
+from train.throughput import attention_flops, linear_params, model_flops_per_token
 
 
 class BenchConfig(Section):
     architecture: dict  # Qwen3Config fields
     peak_tflops: float  # the GPU's dense bf16 peak, what MFU is quoted against
     train: dict  # training fields (TRL's names) overriding configs/train/qwen3-4b-lora.yaml
+    variants: dict[str, dict] = {}  # name -> training fields on top of `train`
 
 
 class StepTimer(TrainerCallback):
@@ -106,19 +109,6 @@ def synthetic_rows(tokenizer, seq: int, n: int) -> list[dict]:
     ]
 
 
-def linear_params(cfg: Qwen3Config) -> int:
-    """Parameters in matrix multiplies per token (all projections and the LM head)."""
-    d, h, kv, hd, ff = (
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.intermediate_size,
-    )
-    per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * ff
-    return cfg.num_hidden_layers * per_layer + d * cfg.vocab_size
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-config", default=str(CONFIG_DIR / "train" / "qwen3-4b-bench.yaml"))
@@ -126,6 +116,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/dimmem-bench", help="scratch folder for weights and data")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the steady-state rate")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--variant", help="one of the bench config's variants (default: the recipe)")
     parser.add_argument(
         "--set",
         nargs="*",
@@ -136,6 +127,11 @@ def main() -> None:
     args = parser.parse_args()
 
     bench = load_config(BenchConfig, args.bench_config, args.set)
+    if args.variant and args.variant not in bench.variants:
+        parser.error(
+            f"--variant {args.variant!r}: not in {args.bench_config} (one of {', '.join(bench.variants)})"
+        )
+    train_fields = {**bench.train, **bench.variants.get(args.variant, {})}
     work = Path(args.work)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     cfg = Qwen3Config(
@@ -151,8 +147,8 @@ def main() -> None:
     model.save_pretrained(work / "base")
     tokenizer.save_pretrained(work / "base")
     del model
-    seq, steps = int(bench.train["max_length"]), int(bench.train["max_steps"])
-    batch = int(bench.train["per_device_train_batch_size"])
+    seq, steps = int(train_fields["max_length"]), int(train_fields["max_steps"])
+    batch = int(train_fields["per_device_train_batch_size"])
     rows = synthetic_rows(tokenizer, seq, steps * batch + 8)
     DatasetDict({"train": Dataset.from_list(rows), "validation": Dataset.from_list(rows[:2])}).save_to_disk(
         str(work / "data")
@@ -169,7 +165,7 @@ def main() -> None:
         "--output_dir",
         str(work / "run"),
     ]
-    for key, value in bench.train.items():
+    for key, value in train_fields.items():
         argv += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     if device == "cpu":
         argv += ["--bf16", "false", "--dtype", "float32", "--activation_checkpointing", "false"]
@@ -190,12 +186,10 @@ def main() -> None:
     )
     steady = timer.ends[args.warmup :]
     tokens_per_s = (len(steady) - 1) * batch * tokens_per_row / (steady[-1] - steady[0])
-    n_linear = linear_params(cfg)
-    attn = (
-        6 * cfg.num_hidden_layers * tokens_per_row * cfg.num_attention_heads * cfg.head_dim / 2
-    )  # causal fwd+bwd
-    flops_per_token = 4 * n_linear + attn  # frozen base: forward 2N, input gradients 2N (no weight gradients)
+    n_linear, attn = linear_params(cfg), attention_flops(cfg, tokens_per_row)
+    flops_per_token = model_flops_per_token(cfg, tokens_per_row)
     result = {
+        "variant": args.variant or "recipe",
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "architecture": "Qwen3-4B (random init)",
         "seq_tokens": tokens_per_row,
@@ -216,7 +210,7 @@ def main() -> None:
         ),
         "activation_checkpointing": sft_args.activation_checkpointing,
         "setup_s": round(setup_s, 1),
-        "train_args": bench.train,
+        "train_args": train_fields,
         "torch": torch.__version__,
     }
     print(json.dumps(result, indent=2))

@@ -104,12 +104,24 @@ def packing_efficiency(tokenized: Dataset, max_length: int) -> float:
     return real / (len(packed) * max_length)
 
 
-def padding_efficiency(tokenized: Dataset, batch_size: int) -> float:
-    """Real tokens / total tokens without packing: each batch padded to its longest row."""
+def padding_efficiency(tokenized: Dataset, batch_size: int, grouped: bool = False, seed: int = 0) -> float:
+    """Real tokens / total tokens without packing, each batch padded to its longest row, in the order the
+    trainer's sampler draws them: a random permutation, or transformers' length-grouped one
+    (`train_sampling_strategy: group_by_length`)."""
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
     lengths = [len(ids) for ids in tokenized["input_ids"]]
+    generator = torch.Generator().manual_seed(seed)
+    order = (
+        get_length_grouped_indices(lengths, batch_size, generator=generator)
+        if grouped
+        else torch.randperm(len(lengths), generator=generator).tolist()
+    )
+    ordered = [lengths[i] for i in order]
     padded = sum(
-        max(lengths[i : i + batch_size]) * len(lengths[i : i + batch_size])
-        for i in range(0, len(lengths), batch_size)
+        max(ordered[i : i + batch_size]) * len(ordered[i : i + batch_size])
+        for i in range(0, len(ordered), batch_size)
     )
     return sum(lengths) / padded
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
-from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
+from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config, get_quantization_config
 
 from dimmem.paths import dataset_folder
+from train.answer_logits import add_answer_only_head
 from train.args import QWEN3_LINEAR, DimmemArguments
 from train.data import (
     load_sft_dataset,
@@ -23,12 +25,20 @@ from train.data import (
 )
 from train.export import RUN_CONFIG
 from train.plot import plot_losses
+from train.throughput import ThroughputMeter, attention_length, model_flops_per_token
 
+# Kernels that keep packed rows apart: transformers builds their per-row (block-diagonal causal) attention
+# from the position_ids of a padding-free batch. Flash kernels run it as varlen attention; sdpa and eager
+# build a dense mask over the packed row (correct, but quadratic in its length); flex_attention a
+# block-sparse one (compiled on first use: minutes on a CPU).
 PACKING_KERNELS = (
     "flash_attention_2",
     "flash_attention_3",
     "kernels-community/flash-attn",
     "kernels-community/vllm-flash-attn3",
+    "flex_attention",
+    "sdpa",
+    "eager",
 )
 
 
@@ -37,15 +47,39 @@ class TrainConfigError(ValueError):
 
 
 def check_packing(sft_args: SFTConfig, model_args: ModelConfig) -> None:
-    """Packed rows must not attend to each other: that needs a varlen (flash) attention kernel."""
-    if sft_args.packing and (model_args.attn_implementation or "") not in PACKING_KERNELS:
+    """Packed rows must not attend to each other: refuse every setting that would let them."""
+    if sft_args.packing and sft_args.packing_strategy == "wrapped":
         raise TrainConfigError(
-            "packing: true needs an attention kernel that keeps packed rows apart "
-            f"({', '.join(PACKING_KERNELS[:2])}); "
-            f"attn_implementation is {model_args.attn_implementation!r}. "
-            "Set packing: false (rows are then padded per batch), "
-            "or attn_implementation: flash_attention_2 on a GPU with flash-attn installed."
+            "packing_strategy: wrapped cuts rows mid-sequence and lets them attend to each other; "
+            "use packing_strategy: bfd (whole rows, kept apart), or packing: false with "
+            "train_sampling_strategy: group_by_length"
         )
+    if (sft_args.packing or sft_args.padding_free) and (
+        model_args.attn_implementation or ""
+    ) not in PACKING_KERNELS:
+        raise TrainConfigError(
+            f"{'packing' if sft_args.packing else 'padding_free'}: true needs an attention kernel that keeps "
+            f"packed rows apart ({', '.join(PACKING_KERNELS)}); "
+            f"attn_implementation is {model_args.attn_implementation!r}. "
+            "Set one of those, or packing: false with train_sampling_strategy: group_by_length "
+            "(rows padded per batch of similar lengths)."
+        )
+
+
+class DimmemSFTTrainer(SFTTrainer):
+    """TRL's SFTTrainer, with the answer-only output head when asked and a throughput meter on every step."""
+
+    def __init__(self, *args, answer_only_logits: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = ThroughputMeter()
+        self.add_callback(self.meter)
+        if answer_only_logits:
+            model = self.model
+            add_answer_only_head(model.get_base_model() if isinstance(model, PeftModel) else model)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.meter.count(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
 
 
 def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelConfig, callbacks=None) -> Path:
@@ -98,9 +132,11 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
             f"train rows {len(train_set)} {task_counts(train_rows)}; "
             f"tokens {tokens} ({answer / tokens:.1%} carry loss)"
         )
+        grouped = sft_args.train_sampling_strategy == "group_by_length"
+        batch = sft_args.per_device_train_batch_size
         print(
-            f"padding efficiency (batch {sft_args.per_device_train_batch_size}): "
-            f"{padding_efficiency(train_set, sft_args.per_device_train_batch_size):.1%}"
+            f"padding efficiency (batch {batch}, {'length-grouped' if grouped else 'random'} batches): "
+            f"{padding_efficiency(train_set, batch, grouped, sft_args.seed):.1%}"
         )
         if sft_args.max_length:
             print(
@@ -110,10 +146,16 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
             )
 
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    # QLoRA (load_in_4bit): the base quantized by bitsandbytes as it loads, onto this rank's GPU
+    quantization = get_quantization_config(model_args)
     model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=dtype, attn_implementation=model_args.attn_implementation
+        model_path,
+        dtype=dtype,
+        attn_implementation=model_args.attn_implementation,
+        quantization_config=quantization,
+        device_map={"": state.local_process_index} if quantization else None,
     )
-    trainer = SFTTrainer(
+    trainer = DimmemSFTTrainer(
         model=model,
         args=sft_args,
         train_dataset=train_set,
@@ -121,12 +163,20 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
+        answer_only_logits=dimmem_args.answer_only_logits,
     )
     resume = True if dimmem_args.resume == "latest" else dimmem_args.resume
     trainer.train(resume_from_checkpoint=resume)
     out = Path(sft_args.output_dir)
     trainer.save_model(str(out))
+    lengths = [len(ids) for ids in train_set["input_ids"]]
+    throughput = trainer.meter.report(
+        trainer.accelerator,
+        model_flops_per_token(model.config, attention_length(lengths)),
+        "bfloat16" if sft_args.bf16 else str(model.dtype).removeprefix("torch."),
+    )
     if state.is_main_process:
+        print("throughput: " + ", ".join(f"{k} {v}" for k, v in throughput.items()))
         local = Path(model_path).exists()  # a local base is recorded by absolute path, a Hub one by name
         run_config = {
             "base_model": str(Path(model_path).resolve()) if local else model_path,
@@ -144,12 +194,17 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
                     "per_device_train_batch_size",
                     "gradient_accumulation_steps",
                     "packing",
+                    "padding_free",
+                    "train_sampling_strategy",
+                    "activation_checkpointing",
+                    "use_liger_kernel",
                     "seed",
                     "bf16",
                 )
             },
             "world_size": state.num_processes,
             "final_step": trainer.state.global_step,
+            "throughput": throughput,
         }
         (out / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, default=str) + "\n")
         plot_losses(trainer.state.log_history, out / "loss.png", f"{Path(model_path).name} LoRA SFT")

@@ -1,0 +1,218 @@
+"""Training throughput settings: the answer-only output head computes the same loss and gradients as the full
+one, packed rows stay apart under the kernels that allow packing (and the rest are refused), the GPU-only
+profiles validate and refuse plainly on a CPU, the padding estimate follows the sampler. (The tiny CPU runs,
+their throughput report and the CPU benchmark are in test_train.py, with its tiny dataset.)"""
+
+import pytest
+import torch
+import yaml
+
+from dimmem.paths import CONFIG_DIR
+from train.args import parse_args
+from train.sft import PACKING_KERNELS, TrainConfigError, check_packing
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def tiny_qwen3(attn: str = "sdpa", vocab: int = 300):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+    )
+    config._attn_implementation = attn
+    return Qwen3ForCausalLM(config)
+
+
+def batch(vocab: int = 300):
+    """Three rows: answers of different lengths, one row right-padded, one row without any answer token."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, vocab, (3, 24))
+    attention = torch.ones_like(ids)
+    attention[1, 19:] = 0
+    labels = ids.clone()
+    labels[0, :14] = -100
+    labels[1, :10] = -100
+    labels[1, 19:] = -100
+    labels[2] = -100
+    return ids, attention, labels
+
+
+@pytest.mark.parametrize("modules_to_save", [["lm_head"], None], ids=["head-trained", "head-frozen"])
+def test_answer_only_logits_match_the_full_computation(modules_to_save):
+    """The PEFT model as SFTTrainer builds it (TRL's fused head added first): loss and every trainable
+    gradient (LoRA, and the output layer when it trains) equal the plain forward's, which projects every
+    position; the output layer sees the answer positions only."""
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    from train.answer_logits import add_answer_only_head
+
+    base = tiny_qwen3()
+    add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=LORA_TARGETS,
+            modules_to_save=modules_to_save,
+            init_lora_weights=False,  # B != 0, so the LoRA A gradients are not trivially zero
+        ),
+    )
+    ids, attention, labels = batch()
+
+    def loss_and_grads(**kwargs):
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=attention, labels=labels, use_cache=False, **kwargs)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return out, grads
+
+    full, full_grads = loss_and_grads()  # transformers' own loss over full logits
+    add_answer_only_head(base)
+    seen = []
+    hook = base.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    answer, answer_grads = loss_and_grads(fused_lm_head=True)
+    hook.remove()
+
+    n_answer = int((labels[:, 1:] != -100).sum())
+    assert seen == [n_answer] and n_answer < ids.numel() / 2
+    assert torch.allclose(answer.loss, full.loss, atol=1e-5)
+    assert any("lora_A" in n for n in full_grads) and any("lora_B" in n for n in full_grads)
+    assert ("modules_to_save" in " ".join(full_grads)) == bool(modules_to_save)
+    for name, grad in full_grads.items():
+        assert grad.abs().sum() > 0, name
+        assert torch.allclose(answer_grads[name], grad, atol=1e-5), name
+    # TRL's metrics get what its own head gives: per-position log-probs, entropy, top-1, the label mask
+    with torch.no_grad():
+        logits = full.logits[:, :-1]
+        mask = labels[:, 1:] != -100
+        log_p = logits.log_softmax(-1)
+        picked = log_p.gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]
+    assert torch.equal(answer.label_mask, mask)
+    assert torch.allclose(answer.log_probs, picked * mask, atol=1e-5)
+    entropy = -(log_p.exp() * log_p).sum(-1) * mask
+    assert torch.allclose(answer.entropy, entropy, atol=1e-5)
+    assert torch.equal(answer.is_top1, (logits.argmax(-1) == labels[:, 1:]) & mask)
+
+
+def test_a_batch_without_answer_tokens_is_a_zero_loss_with_gradients():
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    from train.answer_logits import add_answer_only_head
+
+    base = tiny_qwen3()
+    add_fused_lm_head(base)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=LORA_TARGETS))
+    add_answer_only_head(base)
+    ids, attention, labels = batch()
+    out = model(input_ids=ids[2:], attention_mask=attention[2:], labels=labels[2:], fused_lm_head=True)
+    out.loss.backward()  # the backward pass runs (DDP needs every rank to take part)
+    assert out.loss.item() == 0.0
+    # without fused_lm_head the forward is the model's own (generation, evaluation with logits)
+    assert model(input_ids=ids[:1]).logits.shape == (1, 24, 300)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packed_rows_stay_apart(attn):
+    """A padding-free batch from TRL's own collator (one row, position_ids restarting per sequence) gives
+    every sequence the logits it has alone: no row attends to another. Each kernel in PACKING_KERNELS that
+    runs on a CPU is checked here (flex_attention compiles for minutes on a CPU)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    assert attn in PACKING_KERNELS
+    model = tiny_qwen3(attn).eval()
+    rows = [torch.randint(0, 300, (n,)).tolist() for n in (9, 5, 12)]
+    packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
+        [{"input_ids": r} for r in rows]
+    )
+    assert "attention_mask" not in packed and packed["input_ids"].shape == (1, 26)
+    with torch.no_grad():
+        alone = torch.cat([model(torch.tensor([r]), use_cache=False).logits for r in rows], 1)
+        together = model(
+            input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False
+        ).logits
+        leaking = model(input_ids=packed["input_ids"], use_cache=False).logits  # one long sequence
+    assert torch.allclose(together, alone, atol=1e-5)
+    assert not torch.allclose(leaking, alone, atol=1e-3)  # so the comparison can fail
+
+
+def _tiny_args(*flags):
+    return parse_args(["--config", str(CONFIG_DIR / "train" / "tiny.yaml"), *flags])
+
+
+def test_packing_is_refused_where_rows_would_attend_to_each_other():
+    _, sft, model = _tiny_args("--packing", "true")
+    check_packing(sft, model)  # sdpa keeps packed rows apart
+    with pytest.raises(TrainConfigError, match="packing_strategy: wrapped .* attend to each other"):
+        check_packing(*_tiny_args("--packing", "true", "--packing_strategy", "wrapped")[1:])
+    _, sft, model = _tiny_args("--padding_free", "true")
+    model.attn_implementation = "paged|sdpa"
+    with pytest.raises(TrainConfigError, match="padding_free: true needs an attention kernel"):
+        check_packing(sft, model)
+
+
+@pytest.mark.parametrize(
+    "profile,setting",
+    [("qwen3-4b-liger.yaml", "use_liger_kernel: true"), ("qwen3-4b-qlora.yaml", "load_in_4bit: true")],
+)
+def test_gpu_profiles_validate_and_refuse_plainly_on_a_cpu(profile, setting, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from train.__main__ import main
+
+    path = CONFIG_DIR / "train" / profile
+    for flags in ([], ["--bf16", "false"]):  # the GPU-only setting is named, whatever else needs a GPU
+        assert main(["--config", str(path), "--output_dir", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "Traceback" not in err
+        assert f"{profile}: {setting}" in err and "needs a GPU" in err and "configs/train/tiny.yaml" in err
+    # every other field of the profile is valid: without its GPU-only settings it parses on this machine
+    raw = yaml.safe_load(path.read_text())
+    raw.update(bf16=False, attn_implementation="sdpa", use_liger_kernel=False, load_in_4bit=False)
+    cpu = tmp_path / "cpu.yaml"
+    cpu.write_text(yaml.safe_dump(raw))
+    dimmem_args, sft, model = parse_args(["--config", str(cpu)])
+    assert sft.max_length == 12288 and model.lora_r == 16 and dimmem_args.answer_only_logits is False
+    if profile == "qwen3-4b-qlora.yaml":
+        from trl import get_quantization_config
+
+        model.load_in_4bit = True
+        model.dtype = "bfloat16"
+        quant = get_quantization_config(model)
+        assert quant.load_in_4bit and quant.bnb_4bit_quant_type == "nf4" and quant.bnb_4bit_use_double_quant
+
+
+def test_padding_estimate_follows_the_sampler():
+    from datasets import Dataset
+
+    from train.data import padding_efficiency
+
+    torch.manual_seed(0)
+    lengths = torch.randint(700, 1300, (200,)).tolist()
+    rows = Dataset.from_dict({"input_ids": [[1] * n for n in lengths]})
+    random = padding_efficiency(rows, 8, grouped=False, seed=0)
+    grouped = padding_efficiency(rows, 8, grouped=True, seed=0)
+    assert 0.75 < random < 0.87 and grouped > 0.94
+    assert padding_efficiency(rows, 1) == 1.0
+
+
+def test_model_flops_follow_the_benchmark_formula():
+    from transformers import AutoConfig
+
+    from train.throughput import attention_length, model_flops_per_token
+
+    bench = yaml.safe_load((CONFIG_DIR / "train" / "qwen3-4b-bench.yaml").read_text())
+    cfg = AutoConfig.for_model("qwen3", **bench["architecture"])
+    # BENCHMARKS.md: N = 3.97 G with the LM head, 19.7 GFLOP per token at 8,163 tokens
+    assert model_flops_per_token(cfg, 8163) == pytest.approx(19.7e9, rel=0.01)
+    assert attention_length([8163] * 4) == 8163 and attention_length([1, 3]) == 2.5
