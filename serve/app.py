@@ -18,6 +18,9 @@ is no longer active (deleted, merged, superseded) 409. Record ids contain "/" an
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +45,16 @@ def build_app(config: ServeConfig, memory: Memory | None = None) -> FastAPI:
         metrics=Metrics(),
         operator_key=operator_key,
     )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # load the embedder before this process accepts a request: under --workers N a worker joins the
+        # shared socket only after this, so no search waits seconds for a model still loading
+        await asyncio.to_thread(memory.embedder.encode, ["warm-up"])
+        yield
+
     app = FastAPI(
+        lifespan=lifespan,
         title="DimMem memory service",
         version="1",
         description="Add conversations, search typed memories with per-path scores, and manage "
