@@ -96,7 +96,8 @@ bench-retrieval: install
 	done
 
 bench-runtime: install
-	$(BIN)/python -m eval.bench_runtime --sizes 10000,100000,1000000 --queries 200 --out runs/bench/runtime.json
+	$(BIN)/python -m eval.bench_runtime --sizes 10000,100000 --stores sqlite,postgres --queries 200 --ingest 2000 \
+		--out runs/bench/runtime-backends.json
 
 # a 100k-window datagen output (generated once), and how fast the inspector opens its window list
 bench-inspect: install
@@ -108,7 +109,8 @@ bench-train: install
 	$(BIN)/python -m train.bench_cpu --rounds 2 --json runs/bench/train-cpu.json
 
 bench-load: install
-	$(BIN)/python -m serve.bench_load --clients 1,4,16 --seconds 20 --out runs/bench/load.json
+	$(BIN)/python -m serve.bench_load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20 \
+		--out runs/bench/load-backends.json
 
 # add through the demo's tiny extractor served by vLLM on CPU (after `make demo`)
 bench-load-served: install serve-cpu

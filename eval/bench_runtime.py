@@ -1,14 +1,17 @@
 """Memory runtime benchmark: search latency by store size, ingest throughput, store size on disk, and the
 update path's embedding comparisons against comparing with every stored record.
 
-    python -m eval.bench_runtime --sizes 10000,100000,1000000 --out runs/bench/runtime.json
+    python -m eval.bench_runtime --sizes 10000,100000,1000000 --stores sqlite,postgres \\
+        --out runs/bench/runtime.json
 
 Stores of N records for one user (the worst case: every search is scoped to one user) are filled with
 LoCoMo turn texts, each varied by two extra words, with their real MiniLM vectors plus small noise (so
 the vectors cluster as real ones do, which matters for HNSW). Queries are LoCoMo questions. At each
-size, in one run side by side: FTS5 vs bm25s for the lexical path, exact vs HNSW for the dense path
-(with HNSW's recall@10 against exact), the dimension path, and the whole `Memory.search` (query
-embedding, three paths, fusion). Ingest with embeddings and the update path is measured on 1e4 records.
+size the store backends run side by side (SQLite; Postgres on an embedded server with fsync on, as the
+runtime's login role): fill rate and size on disk, then each path alone as the runtime calls it (BM25,
+dense with its recall@10 against exact search, dimension) and the whole `Memory.search` (query
+embedding, three paths, fusion). Ingest with embeddings (`--ingest` records, as given and through the
+update path) runs on each backend; the update path's candidate lookup on LoCoMo observations.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import json
 import re
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import psycopg
 from tqdm import tqdm
 
 from dimmem.contract.loaders import load_conversations
@@ -30,8 +36,7 @@ from dimmem.runtime.embed import Embedder
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
-from dimmem.runtime.stores.sqlite import SQLiteStore
-from dimmem.runtime.vector_index import VectorIndex
+from dimmem.runtime.stores import open_store
 from eval.retrieval import observation_records
 
 TYPES = ("episodic", "fact", "profile")
@@ -96,107 +101,112 @@ def timed(fn, args_list) -> tuple[list, list[float]]:
     return out, samples
 
 
-def bench_size(
-    n: int, texts, vectors, questions, qvectors, embedder: Embedder, workdir: Path, queries: int
-) -> dict:
-    import bm25s
+def exact_top(matrix: np.ndarray, qvectors: np.ndarray, k: int = 10) -> list[set[int]]:
+    """The true top-k rows by cosine for each query (the vectors are unit length): HNSW's reference."""
+    scores = qvectors @ matrix.T
+    return [set(np.argpartition(-row, k)[:k].tolist()) for row in scores]
 
-    path = workdir / f"store-{n}.sqlite"
-    store = SQLiteStore(path)
-    start, batch = time.perf_counter(), 10_000
+
+@contextmanager
+def backends(names: list[str], workdir: Path) -> Iterator[dict]:
+    """backend -> (a fresh store's URL by name, a store's size on disk in bytes by name): SQLite files in
+    `workdir`, and databases on one embedded Postgres (durable, as deployed) whose runtime connects as
+    its login role."""
+    from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
+
+    made: dict = {}
+    if "sqlite" in names:
+        made["sqlite"] = (
+            lambda name: str(workdir / f"{name}.sqlite"),
+            lambda name: sum(p.stat().st_size for p in workdir.glob(f"{name}.sqlite*")),
+        )
+    server = start_embedded(workdir / "pg") if "postgres" in names else None
+    try:
+        if server is not None:
+
+            def fresh(name: str) -> str:
+                owner = server.database(name, fresh=True)
+                open_store(owner).close()  # migrates, as the owner
+                return server.login_role(RUNTIME_LOGIN, owner)
+
+            def size(name: str) -> int:
+                with psycopg.connect(server.database(name)) as conn:  # the store's tables, their
+                    return conn.execute(  # indexes and TOAST; not the catalogs of an empty database
+                        "SELECT sum(pg_total_relation_size(oid))::bigint FROM pg_class "
+                        "WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'"
+                    ).fetchone()[0]
+
+            made["postgres"] = (fresh, size)
+        yield made
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def bench_size(backend: tuple, n: int, data: tuple, embedder: Embedder, queries: int) -> dict:
+    """Fill a fresh store of `backend` with n records of one user, then time each path and the whole
+    search on the same queries."""
+    fresh, size_of = backend
+    texts, vectors, questions, qvectors = data
+    memory = Memory({"store": fresh(f"size_{n}")}, embedder=embedder)
+    store, batch, kept = memory.store, 10_000, []
     rows = synthetic(n, texts, vectors)
+    start = time.perf_counter()
     with tqdm(total=n, desc=f"fill {n:,}", unit="rec", disable=None) as bar:
         for _ in range(0, n, batch):
             with store.transaction():
                 for record, vector in (next(rows) for _ in range(min(batch, n - bar.n))):
                     store.insert("bench", record, vector)
+                    kept.append(vector)
             bar.update(min(batch, n - bar.n))
     fill_seconds = time.perf_counter() - start
-    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    size = sum(p.stat().st_size for p in workdir.glob(f"store-{n}.sqlite*"))
-
+    if hasattr(store, "db"):  # SQLite: fold the write-ahead log into the file before measuring it
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = size_of(f"size_{n}")
     qs = list(zip(questions[:queries], qvectors[:queries]))
-    parsed = [parse_query_rules(q, "2023-10-01") for q, _ in qs]
+    truth = exact_top(np.stack(kept), np.stack([v for _, v in qs]))
+    del kept
     result = {
         "records": n,
         "fill_records_per_s": round(n / fill_seconds),
         "store_bytes": size,
         "store_bytes_per_record": round(size / n),
     }
-
     _, lexical = timed(lambda q: store.lexical("bench", lexical_terms(q), 50), [(q,) for q, _ in qs])
-    result["bm25_fts5"] = percentiles(lexical)
-    contents = [r["content"] for r, _ in synthetic(n, texts, vectors)]
+    result["bm25"] = percentiles(lexical)
     start = time.perf_counter()
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(contents, stopwords="en", show_progress=False), show_progress=False)
-    result["bm25s_index_s"] = round(time.perf_counter() - start, 1)
-    del contents
-    _, lexical_bm25s = timed(
-        lambda q: retriever.retrieve(
-            bm25s.tokenize([lexical_terms(q)], stopwords="en", show_progress=False), k=50, show_progress=False
-        ),
-        [(q,) for q, _ in qs],
+    store.dense("bench", qs[0][1], 50)  # SQLite builds its in-process index on the first search
+    result["dense_first_s"] = round(time.perf_counter() - start, 2)
+    hits, dense = timed(lambda v: store.dense("bench", v, 50), [(v,) for _, v in qs])
+    result["dense"] = percentiles(dense)
+    result["dense_recall@10"] = round(
+        float(np.mean([len({int(r[1:]) for r, _ in h[:10]} & t) / 10 for h, t in zip(hits, truth)])), 4
     )
-    result["bm25_bm25s"] = percentiles(lexical_bm25s)
-    retriever = None  # free the index before the dense ones are built
-
-    exact = VectorIndex(store, ann_min_records=n + 1)
-    start = time.perf_counter()
-    exact.search("bench", qs[0][1], 50)
-    result["dense_exact_load_s"] = round(time.perf_counter() - start, 2)
-    exact_hits, exact_times = timed(lambda v: exact.search("bench", v, 50), [(v,) for _, v in qs])
-    result["dense_exact"] = percentiles(exact_times)
-    ann = VectorIndex(store, ann_min_records=1)
-    start = time.perf_counter()
-    ann.search("bench", qs[0][1], 50)
-    result["dense_hnsw_build_s"] = round(time.perf_counter() - start, 1)
-    ann_hits, ann_times = timed(lambda v: ann.search("bench", v, 50), [(v,) for _, v in qs])
-    result["dense_hnsw"] = percentiles(ann_times)
-    result["hnsw_recall@10"] = round(
-        float(
-            np.mean(
-                [
-                    len({r for r, _ in a[:10]} & {r for r, _ in e[:10]}) / 10
-                    for a, e in zip(ann_hits, exact_hits)
-                ]
-            )
-        ),
-        4,
-    )
-
+    parsed = [parse_query_rules(q, "2023-10-01") for q, _ in qs]
     _, dimension = timed(lambda p: dimension_path(store, "bench", p, 50), [(p,) for p in parsed])
     result["dimension"] = percentiles(dimension)
-    store.close()
-
-    # the runtime as users call it, with its default exact/HNSW choice
-    memory = Memory({"store": str(path)}, embedder=embedder)
-    memory.store.index = ann if n >= memory.store.index.ann_min else exact  # already loaded (timed above)
-    memory.store.index.store = memory.store
-    ann = exact = None  # the index the runtime does not use can be freed
     _, searches = timed(
         lambda q: memory.search(q, user_id="bench", k=10, reference_date="2023-10-01"), [(q,) for q, _ in qs]
     )
     result["search"] = percentiles(searches)
-    memory.store.close()
+    memory.close()
     return result
 
 
-def bench_ingest(texts: list[str], vectors: np.ndarray, embedder: Embedder, n: int) -> dict:
+def bench_ingest(backend: tuple, texts: list[str], vectors: np.ndarray, embedder: Embedder, n: int) -> dict:
     """Records/s into a fresh store, embeddings included (no extractor), as given and through the update
     path."""
+    fresh, _ = backend
     rows = [r for r, _ in synthetic(n, texts, vectors)]
     out = {}
     for consolidate in (False, True):
-        memory = Memory({"store": ":memory:"}, embedder=embedder)
+        key = "with_update" if consolidate else "without_update"
+        memory = Memory({"store": fresh(f"ingest_{key}")}, embedder=embedder)
         start = time.perf_counter()
         for i in range(0, n, 500):
             memory.add_records(rows[i : i + 500], user_id="ingest", consolidate=consolidate)
-        key = "with_update" if consolidate else "without_update"
         out[f"ingest_records_per_s_{key}"] = round(n / (time.perf_counter() - start))
-    start = time.perf_counter()
-    embedder.encode([r["content"] for r in rows])
-    out["embedding_records_per_s"] = round(n / (time.perf_counter() - start))
+        memory.close()
     return out
 
 
@@ -219,33 +229,33 @@ def bench_update(conversations, embedder: Embedder) -> dict:
 
 def format_tables(result: dict) -> str:
     lines = [
-        "| records | store MB (B/record) | fill rec/s | FTS5 p50/p95 ms | bm25s p50/p95 ms (index s) "
-        "| exact p50/p95 ms (load s) | HNSW p50/p95 ms (build s, recall@10) | dimension p50/p95 ms "
-        "| search p50/p95 ms |",
-        "|" + "---|" * 9,
+        "| records | store | MB on disk (B/record) | fill rec/s | BM25 p50/p95 ms | dense p50/p95 ms "
+        "(first s, recall@10) | dimension p50/p95 ms | search p50/p95 ms |",
+        "|" + "---|" * 8,
     ]
     for r in result["sizes"]:
         pp = lambda key, r=r: f"{r[key]['p50_ms']} / {r[key]['p95_ms']}"  # noqa: E731
         lines.append(
-            f"| {r['records']:,} | {r['store_bytes'] / 1e6:,.0f} ({r['store_bytes_per_record']:,}) | "
-            f"{r['fill_records_per_s']:,} | {pp('bm25_fts5')} | {pp('bm25_bm25s')} ({r['bm25s_index_s']}) | "
-            f"{pp('dense_exact')} ({r['dense_exact_load_s']}) | "
-            f"{pp('dense_hnsw')} ({r['dense_hnsw_build_s']}, {r['hnsw_recall@10']}) | "
-            f"{pp('dimension')} | {pp('search')} |"
+            f"| {r['records']:,} | {r['store']} | {r['store_bytes'] / 1e6:,.0f} "
+            f"({r['store_bytes_per_record']:,}) | {r['fill_records_per_s']:,} | {pp('bm25')} | "
+            f"{pp('dense')} ({r['dense_first_s']}, {r['dense_recall@10']}) | {pp('dimension')} | "
+            f"{pp('search')} |"
         )
-    ingest, update = result["ingest"], result["update"]
-    lines += [
-        "",
-        "ingest, embeddings included: "
-        f"{ingest['ingest_records_per_s_without_update']:,} records/s stored as given, "
-        f"{ingest['ingest_records_per_s_with_update']:,} records/s through the update path "
-        f"(MiniLM alone: {ingest['embedding_records_per_s']:,} records/s)",
+    lines += ["", f"MiniLM alone: {result['embedding_records_per_s']:,} records/s"]
+    for name, ingest in result["ingest"].items():
+        lines.append(
+            f"ingest into {name}, embeddings included: "
+            f"{ingest['ingest_records_per_s_without_update']:,} records/s stored as given, "
+            f"{ingest['ingest_records_per_s_with_update']:,} records/s through the update path"
+        )
+    update = result["update"]
+    lines.append(
         f"update on LoCoMo observations ({update['records']:,} records): "
         f"{update['comparisons']:,} embedding comparisons "
         f"vs {update['baseline_comparisons']:,} comparing with every stored record "
         f"({update['reduction']:.1%} fewer); "
-        f"decisions {update['decisions']}",
-    ]
+        f"decisions {update['decisions']}"
+    )
     return "\n".join(lines)
 
 
@@ -256,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--stores", default="sqlite,postgres", help="backends, side by side at each size")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--ingest", type=int, default=10_000, help="records for the ingest measurement")
     parser.add_argument("--locomo", default=str(shared_data("locomo/locomo10.json")))
@@ -265,19 +276,24 @@ def main(argv: list[str] | None = None) -> int:
 
     embedder = Embedder()
     texts, vectors, questions, qvectors, conversations = corpus(Path(args.locomo), embedder)
+    start = time.perf_counter()
+    embedder.encode(texts[: args.ingest])
     result = {
-        "ingest": bench_ingest(texts, vectors, embedder, args.ingest),
+        "embedding_records_per_s": round(min(args.ingest, len(texts)) / (time.perf_counter() - start)),
         "update": bench_update(conversations, embedder),
+        "ingest": {},
         "sizes": [],
     }
-    with tempfile.TemporaryDirectory(dir=args.workdir) as workdir:
+    data = (texts, vectors, questions, qvectors)
+    names = [n for n in re.split(r"[,\s]+", args.stores) if n]
+    with tempfile.TemporaryDirectory(dir=args.workdir) as workdir, backends(names, Path(workdir)) as made:
+        for name in names:
+            result["ingest"][name] = bench_ingest(made[name], texts, vectors, embedder, args.ingest)
         for n in (int(s) for s in re.split(r"[,\s]+", args.sizes) if s):
-            result["sizes"].append(
-                bench_size(n, texts, vectors, questions, qvectors, embedder, Path(workdir), args.queries)
-            )
-            for f in Path(workdir).glob("store-*"):
-                f.unlink()
-            print(json.dumps(result["sizes"][-1]), flush=True)
+            for name in names:  # side by side at each size
+                measured = bench_size(made[name], n, data, embedder, args.queries)
+                result["sizes"].append({"store": name, **measured})
+                print(json.dumps(result["sizes"][-1]), flush=True)
     print(format_tables(result))
     if args.out:
         write_json(args.out, result)
