@@ -15,7 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from dimmem.config import Section, load_config
+from dimmem.config import Section, add_set_argument, load_config
 from dimmem.paths import CONFIG_DIR
 from train.args import parse_args
 from train.sft import train
@@ -71,15 +71,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--rounds", type=int, default=2, help="runs of every variant, order reversed each round"
     )
     parser.add_argument("--json", help="write the table here")
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="overrides of the bench config, e.g. train.max_steps=4 train.dataset_path=DIR",
-    )
+    add_set_argument(parser, "train.max_steps=4")
     args = parser.parse_args(argv)
-    bench = load_config(BenchConfig, args.bench_config, args.set)
+    bench = load_config(BenchConfig, args.bench_config, args.overrides)
     names = list(bench.variants)
     results: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="dimmem-bench-cpu-") as work:

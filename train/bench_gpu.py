@@ -20,7 +20,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, TrainerCallback
 
-from dimmem.config import Section, load_config
+from dimmem.config import Section, add_set_argument, load_config
 from dimmem.contract.prompts import load_prompt
 from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR
@@ -117,16 +117,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the steady-state rate")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--variant", help="one of the bench config's variants (default: the recipe)")
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="overrides: train.max_steps=5 (a training field) or architecture.hidden_size=64",
-    )
+    add_set_argument(parser, "train.max_steps=5")
     args = parser.parse_args()
 
-    bench = load_config(BenchConfig, args.bench_config, args.set)
+    bench = load_config(BenchConfig, args.bench_config, args.overrides)
     if args.variant and args.variant not in bench.variants:
         parser.error(
             f"--variant {args.variant!r}: not in {args.bench_config} (one of {', '.join(bench.variants)})"
