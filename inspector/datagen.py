@@ -10,7 +10,7 @@ from pathlib import Path
 
 from data_gen.jobs_index import COLUMNS, HEAD, INDEX, JOBS, KEY
 from dimmem.jsonl_index import JsonlIndex
-from inspector.problems import Problem
+from inspector.problems import Problem, read_json
 
 # the list's filters: query parameter -> index column
 FILTERS = {"task": "task", "status": "status", "split": "split", "reason": "reason", "conversation": "conv"}
@@ -37,10 +37,7 @@ class DatagenOutput:
 
     def __init__(self, folder: Path, index_dir: Path):
         self.folder, self.name = folder, folder.name
-        try:
-            self.report = json.loads((folder / "report.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{folder / 'report.json'}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        self.report = read_json(folder / "report.json")
         if not isinstance(self.report, dict):
             raise ValueError(f"{folder / 'report.json'}: expected an object of counts")
         jobs = folder / JOBS

@@ -4,7 +4,6 @@ reference memories aligned by the metric's own code (`eval.metrics.aligned_memor
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.jsonl_index import Column, JsonlIndex
 from eval.metrics import aligned_memories, pair_scores
 from eval.report import compare_rows, metric_rows
-from inspector.problems import Problem
+from inspector.problems import Problem, read_json
 
 PLOTS = ("fields.png", "confusion.png")
 ORDERS = {"worst": "score, line", "best": "score DESC, line", "file": "line"}
@@ -42,10 +41,7 @@ class EvalRun:
 
     def __init__(self, folder: Path, index_dir: Path):
         self.folder, self.name = folder, folder.name
-        try:
-            self.metrics = json.loads((folder / "metrics.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{folder / 'metrics.json'}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        self.metrics = read_json(folder / "metrics.json")
         for name in ("windows.jsonl", "predictions.jsonl"):
             if not (folder / name).is_file():
                 raise ValueError(
