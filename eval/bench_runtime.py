@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import psycopg
 from tqdm import tqdm
 
 from dimmem.contract.loaders import load_conversations
@@ -130,6 +129,8 @@ def backends(names: list[str], workdir: Path) -> Iterator[dict]:
                 return server.login_role(RUNTIME_LOGIN, owner)
 
             def size(name: str) -> int:
+                import psycopg  # the [postgres] extra, needed only when Postgres is measured
+
                 with psycopg.connect(server.database(name)) as conn:  # the store's tables, their
                     return conn.execute(  # indexes and TOAST; not the catalogs of an empty database
                         "SELECT sum(pg_total_relation_size(oid))::bigint FROM pg_class "
