@@ -22,6 +22,7 @@ from datetime import date
 import numpy as np
 import pytest
 
+from dimmem.runtime.lexical_index import LexicalIndex
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
 from dimmem.runtime.stores.sqlite import SQLiteStore
@@ -80,7 +81,7 @@ def index_problems(db: sqlite3.Connection) -> list[str]:
         return sorted(tuple(r) for r in db.execute(sql).fetchall())
 
     active = rows("SELECT user_id, id FROM records WHERE status='active'")
-    for table in ("records_fts", "vectors"):
+    for table in ("vectors",):
         held = rows(f"SELECT user_id, record_id FROM {table}")
         if held != active:
             problems.append(f"{table} holds {len(held)} rows for {len(active)} active records")
@@ -101,7 +102,8 @@ def revised_after_delete(db: sqlite3.Connection) -> list[str]:
 
 
 def pg_index_problems(conn) -> list[str]:
-    """Postgres: keywords and embeddings exactly for the active records, the BM25 statistics exact."""
+    """Postgres: keywords and embeddings exactly for the active records, no record stamped after its
+    user's last change number (the lexical index would miss it)."""
     problems = []
 
     def rows(sql: str) -> list[tuple]:
@@ -112,19 +114,33 @@ def pg_index_problems(conn) -> list[str]:
         problems.append("embeddings are not exactly the active records'")
     if rows("SELECT DISTINCT user_id, record_id FROM record_keywords") != active:
         problems.append("record_keywords does not name exactly the active records")
-    stats = rows(
-        "SELECT s.user_id, s.docs, s.tokens, count(r.id), coalesce(sum(r.search_tokens), 0) "
-        "FROM user_stats s LEFT JOIN records r "
-        "ON r.tenant = s.tenant AND r.user_id = s.user_id AND r.status = 'active' "
-        "GROUP BY s.user_id, s.docs, s.tokens"
+    stale = rows(
+        "SELECT r.user_id, r.id FROM records r JOIN user_stats s ON s.tenant = r.tenant "
+        "AND s.user_id = r.user_id WHERE r.seq > s.seq"
     )
-    problems += [
-        f"user_stats of {u}: {d}/{t}, records {n}/{k}" for u, d, t, n, k in stats if (d, t) != (n, k)
-    ]
+    if stale:
+        problems.append(f"records changed after their user's last change number: {stale}")
+    return problems
+
+
+def lexical_problems(memory: Memory) -> list[str]:
+    """The store's long-lived lexical index, brought up to date incrementally, holds exactly the active
+    records and ranks as an index read from scratch does."""
+    problems, fresh = [], LexicalIndex(memory.store)
+    for user in memory.store.users():
+        active = memory.store.records(user)
+        for record in active[:20]:
+            live = memory.store.lexical(user, record["content"], 10)
+            if live != fresh.search(user, record["content"], 10):
+                problems.append(f"{user}: {record['content']!r} ranks otherwise than from scratch")
+        held = memory.store.lexicon.users.get(user)
+        if held is not None and sorted(held.where) != sorted(r["id"] for r in active):
+            problems.append(f"{user}: the lexical index holds {sorted(held.where)}")
     return problems
 
 
 def check(memory: Memory) -> None:
+    assert lexical_problems(memory) == []
     if isinstance(memory.store, SQLiteStore):
         with memory._store_lock:
             assert index_problems(memory.store.db) == []

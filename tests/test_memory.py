@@ -268,6 +268,35 @@ def test_migrations_are_recorded(tmp_path):  # SQLite only: PRAGMA user_version 
     assert SQLiteStore(tmp_path / "s.sqlite").migrate() == 0  # re-opening applies nothing twice
 
 
+def test_upgrade_indexes_the_records_already_stored(tmp_path):
+    """A store at schema 3 (one FTS5 table) upgrades in place: its active records are found by the
+    per-user lexical index at once, other statuses are not, and new writes continue the numbering."""
+    store = SQLiteStore(tmp_path / "s.sqlite", migrate=False)
+    for script in MIGRATIONS[:3]:
+        store.db.executescript(script)
+    store.db.execute("PRAGMA user_version = 3")
+    for user, rid, content, status in [
+        ("ann", "a1", "Ann hiked Eagle Peak", "active"),
+        ("ann", "a2", "Ann hiked Mount Tam", "superseded"),
+        ("bob", "b1", "Bob hiked the Alps", "active"),
+    ]:
+        store.db.execute(
+            "INSERT INTO records (id, user_id, type, speaker, content, keywords, source_turns, created, "
+            "updated, version, status) VALUES (?, ?, 'episodic', 'Ann', ?, '[\"hiking\"]', '[\"D1:1\"]', "
+            "1, 1, 1, ?)",
+            (rid, user, content, status),
+        )
+    store.close()
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    assert store.schema_version() == len(MIGRATIONS)
+    assert [rid for rid, _ in store.lexical("ann", "hiking", 10)] == ["a1"]
+    assert [rid for rid, _ in store.lexical("bob", "Alps", 10)] == ["b1"]
+    with store.transaction():
+        store.insert("ann", {**store.get("ann", "a1"), "id": "a3", "content": "Ann hiked Half Dome"}, None)
+    assert [rid for rid, _ in store.lexical("ann", "hiked", 10)] == ["a1", "a3"]
+    store.close()
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np
     from dimmem.runtime.stores import open_store

@@ -274,11 +274,10 @@ def test_one_writer_per_user_keeps_stats_and_versions_exact(store):
     assert [h["version"] for h in store.history("ann", "shared")] == list(range(1, 42))
     with store.transaction() as conn:
         store.count("ann")  # sets the block's tenant
-        stats = conn.execute("SELECT docs, tokens FROM user_stats WHERE user_id = 'ann'").fetchone()
-        tokens = conn.execute(
-            "SELECT sum(search_tokens) AS n FROM records WHERE user_id = 'ann' AND status = 'active'"
-        ).fetchone()
-    assert stats == {"docs": 41, "tokens": tokens["n"]}
+        (seq,) = conn.execute("SELECT seq FROM user_stats WHERE user_id = 'ann'").fetchone().values()
+        stamps = [r["seq"] for r in conn.execute("SELECT seq FROM records WHERE user_id = 'ann'")]
+    assert seq == 1 + 40 * 3 and max(stamps) == seq  # each block: an insert, a revision (out, in again)
+    assert len(set(stamps)) == len(stamps)  # the writers took turns: no change number given twice
 
 
 def test_tenant_from_user_ids_and_one_tenant_per_transaction(url):
@@ -473,3 +472,41 @@ def test_the_connection_pool_is_sized_by_the_memory_config(url):
         store.close()
     with pytest.raises(ValidationError, match="min 4 is above max 2"):
         MemoryConfig(store=url, pool={"min": 4, "max": 2})
+
+
+def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkeypatch):
+    """A database at schema 2 (tsvector BM25) with records of two tenants upgrades in place: the
+    migration stamps every tenant's records though row-level security hides them from the owner, and
+    each tenant's lexical search finds its own active records at once."""
+    import dimmem.runtime.stores.postgres as postgres
+
+    shipped = migrations()
+    monkeypatch.setattr(postgres, "migrations", lambda: shipped[:2])
+    PostgresStore(url, migrate=False).migrate()
+    with psycopg.connect(url) as conn:  # rows as the schema-2 runtime wrote them
+        for tenant, user, rid, content, status in [
+            ("acme", "acme/ann", "a1", "Ann hiked Eagle Peak", "active"),
+            ("acme", "acme/ann", "a2", "Ann hiked Mount Tam", "deleted"),
+            ("zeta", "zeta/bob", "b1", "Bob hiked the Alps", "active"),
+        ]:
+            conn.execute("SELECT set_config('dimmem.tenant', %s, false)", (tenant,))
+            conn.execute(
+                "INSERT INTO records (user_id, id, type, speaker, content, keywords, source_turns, created, "
+                "updated, version, status) VALUES (%s, %s, 'episodic', 'Ann', %s, '{hiking}', '{D1:1}', 1, "
+                "1, 1, %s)",
+                (user, rid, content, status),
+            )
+            conn.execute("INSERT INTO user_stats (user_id) VALUES (%s) ON CONFLICT DO NOTHING", (user,))
+    monkeypatch.setattr(postgres, "migrations", lambda: shipped)
+    store = PostgresStore(url)
+    assert store.schema_version() == len(shipped)
+    assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1"]
+    assert [rid for rid, _ in store.lexical("zeta/bob", "hiking Alps", 10)] == ["b1"]
+    store.insert("acme/ann", record("a3", "Ann hiked Half Dome", ["hiking"]), unit(3))
+    assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1", "a3"]
+    with psycopg.connect(url) as conn:  # RLS forced again after the migration lifted it
+        forced = conn.execute(
+            "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('records', 'user_stats')"
+        ).fetchone()[0]
+    assert forced
+    store.close()

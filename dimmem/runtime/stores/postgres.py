@@ -11,8 +11,9 @@ process: the same methods, return shapes and lifecycle rules as the embedded SQL
 What differs from SQLite, on purpose:
 - dense search runs in the database (`dense`: pgvector HNSW, cosine), so no process keeps a copy
   of the vectors and there is no `vector_state` / `vectors_after` to keep one in step;
-- the lexical path is a tsvector column ('english' stemming and stop words) with a GIN index, ranked by
-  BM25 (k1 1.2, b 0.75, FTS5's idf) computed in SQL from the user's corpus statistics (`user_stats`);
+- the lexical path is the same in-process per-user index as SQLite's (`LexicalIndex`): each process
+  re-reads the records a user changed since its last search, by the change number every write stamps
+  (`user_stats.seq`), so all processes and machines search what has committed;
 - SQLite's `BEGIN IMMEDIATE` (one writer per file) becomes one writer per user: the first call for a
   user inside `transaction()` locks that user's `user_stats` row until commit, so what a block reads of
   the user no other writer changes before it commits;
@@ -46,6 +47,7 @@ from psycopg_pool import ConnectionPool
 
 from dimmem.contract.conversation import Turn
 from dimmem.contract.timespan import parse_span
+from dimmem.runtime.lexical_index import LexicalIndex
 from dimmem.runtime.stores.base import RecordStateError
 
 __all__ = ["DIMENSIONS", "PostgresStore", "RecordStateError", "SchemaError", "migrations"]
@@ -66,7 +68,6 @@ def _refused_values() -> Iterator[None]:
 DEFAULT_TENANT = "default"
 DIMENSIONS = 384  # the embedding column (all-MiniLM-L6-v2); another embedder needs a migration
 MIGRATION_LOCK = 0x64696D6D656D  # pg_advisory_lock key: two processes starting together take turns
-BM25_K1, BM25_B = 1.2, 0.75  # SQLite FTS5's bm25() constants
 # Every query names the transaction's tenant too (row-level security alone would also confine it, but
 # not a superuser's connection, and the tenant leads every index)
 _T = "tenant = current_setting('dimmem.tenant')"
@@ -162,6 +163,7 @@ class PostgresStore:
             )
         version = tuple(int(p) for p in re.findall(r"\d+", row["extversion"] if row else "0")[:2])
         self._iterative_scan = version >= (0, 8)  # complete filtered HNSW results (pgvector >= 0.8)
+        self.lexicon = LexicalIndex(self)
 
     # --- schema --------------------------------------------------------------------------------------
     def migrate(self) -> int:
@@ -333,10 +335,10 @@ class PostgresStore:
             self._lock_user(cur, user_id)
             cur.execute(
                 f"INSERT INTO records ({_SELECT}, embedding) "
-                f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}, %s::vector) RETURNING search_tokens",
+                f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}, %s::vector)",
                 [row[c] for c in (*_COLUMNS, "embedding")],
             )
-            self._index(cur, user_id, record["id"], record, cur.fetchone()["search_tokens"])
+            self._index(cur, user_id, record["id"], record)
             self._snapshot(cur, user_id, record["id"], 1, action, now)
 
     def revise(
@@ -357,12 +359,11 @@ class PostgresStore:
             cur.execute(
                 f"UPDATE records SET {sets}, version=%s, updated=%s, "
                 "embedding = CASE WHEN %s THEN embedding ELSE %s::vector END "
-                f"WHERE {_T} AND user_id=%s AND id=%s RETURNING search_tokens",
+                f"WHERE {_T} AND user_id=%s AND id=%s",
                 [*row.values(), version, now, keep, embedding, user_id, record_id],
             )
-            tokens = cur.fetchone()["search_tokens"]
-            self._unindex(cur, user_id, record_id, current["search_tokens"])
-            self._index(cur, user_id, record_id, merged, tokens)
+            self._unindex(cur, user_id, record_id)
+            self._index(cur, user_id, record_id, merged)
             self._snapshot(cur, user_id, record_id, version, action, now)
         return version
 
@@ -379,7 +380,7 @@ class PostgresStore:
                 f"WHERE {_T} AND user_id=%s AND id=%s",
                 (status, now, user_id, record_id),
             )
-            self._unindex(cur, user_id, record_id, current["search_tokens"])  # only active records are found
+            self._unindex(cur, user_id, record_id)  # only active records are found
             self._snapshot(cur, user_id, record_id, current["version"] + 1, action, now)
 
     def restore(self, user_id: str, record_id: str, vector: np.ndarray) -> int:
@@ -395,7 +396,7 @@ class PostgresStore:
                 f"WHERE {_T} AND user_id=%s AND id=%s",
                 (version, now, _vector(vector), user_id, record_id),
             )
-            self._index(cur, user_id, record_id, current, current["search_tokens"])
+            self._index(cur, user_id, record_id, current)
             self._snapshot(cur, user_id, record_id, version, "RESTORE", now)
         return version
 
@@ -404,14 +405,14 @@ class PostgresStore:
         concurrent writers of one user (no deadlock between their record locks)."""
         cur.execute(
             "INSERT INTO user_stats (user_id) VALUES (%s) "
-            "ON CONFLICT (tenant, user_id) DO UPDATE SET docs = user_stats.docs",
+            "ON CONFLICT (tenant, user_id) DO UPDATE SET seq = user_stats.seq",
             (user_id,),
         )
 
     def _lock_row(self, cur: psycopg.Cursor, user_id: str, record_id: str) -> dict:
         """The record, locked until commit, which must exist (KeyError)."""
         cur.execute(
-            f"SELECT {_SELECT}, search_tokens FROM records WHERE {_T} AND user_id=%s AND id=%s FOR UPDATE",
+            f"SELECT {_SELECT} FROM records WHERE {_T} AND user_id=%s AND id=%s FOR UPDATE",
             (user_id, record_id),
         )
         row = cur.fetchone()
@@ -426,26 +427,28 @@ class PostgresStore:
             raise RecordStateError(record_id, current["status"], operation)
         return current
 
-    def _index(self, cur: psycopg.Cursor, user_id: str, record_id: str, record: dict, tokens: int) -> None:
+    def _index(self, cur: psycopg.Cursor, user_id: str, record_id: str, record: dict) -> None:
         keys = sorted({k.casefold() for k in record["keywords"]})
         if keys:
             cur.executemany(
                 "INSERT INTO record_keywords (user_id, type, keyword, record_id) VALUES (%s,%s,%s,%s)",
                 [(user_id, record["type"], k, record_id) for k in keys],
             )
-        cur.execute(
-            f"UPDATE user_stats SET docs = docs + 1, tokens = tokens + %s WHERE {_T} AND user_id=%s",
-            (tokens, user_id),
-        )
+        self._stamp(cur, user_id, record_id)
 
-    def _unindex(self, cur: psycopg.Cursor, user_id: str, record_id: str, tokens: int) -> None:
+    def _unindex(self, cur: psycopg.Cursor, user_id: str, record_id: str) -> None:
         cur.execute(
             f"DELETE FROM record_keywords WHERE {_T} AND user_id=%s AND record_id=%s",
             (user_id, record_id),
         )
+        self._stamp(cur, user_id, record_id)
+
+    def _stamp(self, cur: psycopg.Cursor, user_id: str, record_id: str) -> None:
+        """The record gets the user's next change number: every process's lexical index re-reads it."""
         cur.execute(
-            f"UPDATE user_stats SET docs = docs - 1, tokens = tokens - %s WHERE {_T} AND user_id=%s",
-            (tokens, user_id),
+            f"WITH s AS (UPDATE user_stats SET seq = seq + 1 WHERE {_T} AND user_id=%(user)s RETURNING seq) "
+            f"UPDATE records SET seq = s.seq FROM s WHERE records.{_T} AND user_id=%(user)s AND id=%(id)s",
+            {"user": user_id, "id": record_id},
         )
 
     def _snapshot(
@@ -632,49 +635,27 @@ class PostgresStore:
             return [r["record_id"] for r in cur.fetchall()]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
-        """BM25 over content, keywords and dimensions of the user's active records, any query word
-        matching (OR, as the FTS5 path); higher is better."""
-        terms = [t for t in "".join(c if c.isalnum() else " " for c in query).split() if len(t) > 1]
-        if not terms or k <= 0:
-            return []
-        # each term quoted as a tsquery literal, OR-ed: no query text can be read as tsquery syntax
-        tsquery = " | ".join("'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in terms)
+        """BM25 over content, keywords and dimensions of the user's active records, by the user's own
+        statistics (this process's `LexicalIndex`, brought up to date first); higher is better."""
+        return self.lexicon.search(user_id, query, k)
+
+    def lexical_stamp(self, user_id: str) -> tuple[int, int]:
+        """(epoch, seq): the user's last change to what the lexical index holds."""
+        with self._cursor(user_id) as cur:
+            cur.execute(f"SELECT epoch, seq FROM user_stats WHERE {_T} AND user_id=%s", (user_id,))
+            row = cur.fetchone()
+        return (row["epoch"], row["seq"]) if row else (0, 0)
+
+    def lexical_changes(self, user_id: str, after: int) -> list[dict]:
+        """The records whose index state changed after change number `after` (0: the active records), in
+        change order: id, status and the indexed fields."""
         with self._cursor(user_id) as cur:
             cur.execute(
-                f"""
-                WITH q AS (
-                    SELECT tsvector_to_array(to_tsvector('english', %(text)s)) AS lexemes
-                ), corpus AS (
-                    SELECT greatest(docs, 1)::float8 AS n,
-                           greatest(tokens::float8 / greatest(docs, 1), 1) AS avgdl
-                    FROM user_stats WHERE {_T} AND user_id = %(user)s
-                ), matches AS (
-                    SELECT r.id, r.search_tokens AS dl, t.lexeme,
-                           coalesce(array_length(t.positions, 1), 1) AS tf
-                    FROM records r CROSS JOIN q CROSS JOIN LATERAL unnest(r.search) AS t
-                    WHERE r.{_T} AND r.user_id = %(user)s AND r.status = 'active'
-                      AND r.search @@ to_tsquery('english', %(tsquery)s)
-                      AND t.lexeme = ANY(q.lexemes)
-                ), df AS (
-                    SELECT lexeme, count(*)::float8 AS n FROM matches GROUP BY lexeme
-                )
-                SELECT m.id, sum(
-                    greatest(ln((c.n - df.n + 0.5) / (df.n + 0.5)), 1e-6)
-                    * m.tf * (%(k1)s + 1) / (m.tf + %(k1)s * (1 - %(b)s + %(b)s * m.dl / c.avgdl))
-                ) AS score
-                FROM matches m JOIN df USING (lexeme) CROSS JOIN corpus c
-                GROUP BY m.id ORDER BY score DESC, m.id LIMIT %(k)s
-                """,
-                {
-                    "tsquery": tsquery,
-                    "text": " ".join(terms),
-                    "user": user_id,
-                    "k1": BM25_K1,
-                    "b": BM25_B,
-                    "k": k,
-                },
+                "SELECT id, status, content, keywords, location, reason, purpose FROM records "
+                f"WHERE {_T} AND user_id=%s AND seq > %s AND (status = 'active' OR %s > 0) ORDER BY seq",
+                (user_id, after, after),
             )
-            return [(r["id"], float(r["score"])) for r in cur.fetchall()]
+            return cur.fetchall()
 
     def dense(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """The `k` active records nearest by cosine (pgvector HNSW, in the database), best first:
@@ -808,8 +789,8 @@ class PostgresStore:
             if replace:
                 for table in ("records", "record_history", "record_keywords", "turns", "windows"):
                     cur.execute(f"DELETE FROM {table} WHERE {_T} AND user_id=%s", (user_id,))
-                cur.execute(
-                    f"UPDATE user_stats SET docs = 0, tokens = 0 WHERE {_T} AND user_id=%s", (user_id,)
+                cur.execute(  # every process's lexical index starts the user over
+                    f"UPDATE user_stats SET epoch = epoch + 1 WHERE {_T} AND user_id=%s", (user_id,)
                 )
             self._lock_user(cur, user_id)
             for record in data["records"]:
@@ -817,12 +798,11 @@ class PostgresStore:
                 vector = data["vectors"].get(record["id"]) if record["status"] == "active" else None
                 cur.execute(
                     f"INSERT INTO records ({_SELECT}, embedding) "
-                    f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}, %s::vector) RETURNING search_tokens",
+                    f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}, %s::vector)",
                     [*(row[c] for c in _COLUMNS), _vector(vector)],
                 )
-                tokens = cur.fetchone()["search_tokens"]
                 if record["status"] == "active":
-                    self._index(cur, user_id, record["id"], record, tokens)
+                    self._index(cur, user_id, record["id"], record)
             if data["history"]:
                 cur.executemany(
                     "INSERT INTO record_history (user_id, record_id, version, action, snapshot, at) "
@@ -899,8 +879,6 @@ def _record(row: dict) -> dict:
     for day in ("t_start", "t_end"):
         if out[day] is not None:
             out[day] = out[day].isoformat()
-    if "search_tokens" in row:  # internal to revise/set_status
-        out["search_tokens"] = row["search_tokens"]
     return out
 
 

@@ -1,10 +1,11 @@
 """The embedded memory store (`base.Store`'s SQLite backend): SQLite (WAL) holding records with every
 dimension, their version history, the source turns their pointers resolve to, a keyword index for
-update candidates, an FTS5 index for the lexical path and the dense vectors (searched by the in-process
-`VectorIndex` the store owns: `dense`). Every read and write names one user; none crosses users.
+update candidates and the dense vectors; the lexical path (`lexical`) and the dense path (`dense`) search
+in-process indexes the store owns (`LexicalIndex`, `VectorIndex`), kept in step with the file by change
+stamps written in the same transactions. Every read and write names one user; none crosses users.
 
 Record lifecycle, held here for every caller: a record is `active` until it is superseded, merged into
-another or deleted; only an active record is indexed (keywords, FTS, vector) and only an active record can
+another or deleted; only an active record is indexed (keywords, lexical, vector) and only an active record can
 be revised or change status. A deleted record can be restored (`restore`, re-indexed, history "RESTORE");
 superseded and merged records are history and stay as they are. Anything else raises `RecordStateError`.
 The checks read the status inside the caller's write transaction (`BEGIN IMMEDIATE`), so a writer never
@@ -29,6 +30,7 @@ import numpy as np
 
 from dimmem.contract.conversation import Turn
 from dimmem.contract.timespan import parse_span
+from dimmem.runtime.lexical_index import LexicalIndex
 from dimmem.runtime.stores.base import RecordStateError
 from dimmem.runtime.vector_index import VectorIndex
 
@@ -61,9 +63,10 @@ MIGRATIONS = [
     CREATE VIRTUAL TABLE records_fts USING fts5(
         record_id UNINDEXED, user_id UNINDEXED, body, tokenize='porter unicode61');
     """,
-    # Per-user change counters, so in-memory vector indexes (dimmem.runtime.vector_index) know when to
-    # refresh: appended vectors are loaded incrementally (vectors_user keeps a user's rows in rowid order),
-    # any removal triggers a reload. Bumped in the same transaction as the change, by every writer process.
+    # Per-user change counters (index_state since migration 4), so in-memory vector indexes
+    # (dimmem.runtime.vector_index) know when to refresh: appended vectors are loaded incrementally
+    # (vectors_user keeps a user's rows in rowid order), any removal triggers a reload. Bumped in the same
+    # transaction as the change, by every writer process.
     """
     CREATE TABLE vector_state (
         user_id TEXT PRIMARY KEY, appended INTEGER NOT NULL DEFAULT 0, removed INTEGER NOT NULL DEFAULT 0);
@@ -76,6 +79,23 @@ MIGRATIONS = [
     CREATE TABLE windows (
         user_id TEXT NOT NULL, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL, context TEXT NOT NULL,
         new TEXT NOT NULL, done INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (user_id, conversation_id, idx));
+    """,
+    # The lexical path moves from one FTS5 table over all users (every search read every user's postings,
+    # and BM25 statistics mixed users) to the in-process `LexicalIndex`, per user. A record is stamped with
+    # its user's next change number (`seq`) whenever it is indexed or unindexed, so the index re-reads only
+    # what changed; `epoch` moves when a user is replaced wholesale (`load(replace=True)`). Unindexing a
+    # record finds its keyword rows by key (it scanned the table: a store-sized cost per update).
+    """
+    ALTER TABLE vector_state RENAME TO index_state;
+    ALTER TABLE index_state ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE index_state ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE records ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+    UPDATE records SET seq = rowid;
+    INSERT INTO index_state (user_id, seq) SELECT user_id, max(rowid) FROM records WHERE true GROUP BY user_id
+        ON CONFLICT (user_id) DO UPDATE SET seq = excluded.seq;
+    CREATE INDEX records_seq ON records(user_id, seq);
+    DROP TABLE records_fts;
+    CREATE INDEX record_keywords_record ON record_keywords(user_id, record_id);
     """,
 ]
 
@@ -120,8 +140,10 @@ class SQLiteStore:
         self.db.execute("PRAGMA synchronous=NORMAL")
         if migrate:
             self.migrate()
-        # the dense path: each user's vectors in memory, kept in step with the file (`vector_state`)
+        # the dense and lexical paths: each user's vectors and postings in memory, kept in step with the
+        # file (`index_state`)
         self.index = VectorIndex(self, ann_min_records=ann_min_records)
+        self.lexicon = LexicalIndex(self)
 
     def migrate(self) -> int:
         """Apply the pending migrations in one transaction; how many were applied (0: the schema was
@@ -301,37 +323,28 @@ class SQLiteStore:
             "INSERT INTO record_keywords VALUES (?,?,?,?)",
             [(record_id, user_id, record["type"], k.casefold()) for k in set(record["keywords"])],
         )
-        body = " ".join(
-            filter(
-                None,
-                [
-                    record["content"],
-                    " ".join(record["keywords"]),
-                    record.get("location"),
-                    record.get("reason"),
-                    record.get("purpose"),
-                ],
+        if vector is not None:  # (a copied record without a vector: found by the other paths only)
+            self.db.execute(
+                "INSERT INTO vectors VALUES (?,?,?)",
+                (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()),
             )
-        )
-        self.db.execute(
-            "INSERT INTO records_fts (record_id, user_id, body) VALUES (?,?,?)", (record_id, user_id, body)
-        )
-        if vector is None:  # (a copied record without a vector: found by the other paths only)
-            return
-        self.db.execute(
-            "INSERT INTO vectors VALUES (?,?,?)",
-            (record_id, user_id, np.asarray(vector, dtype=np.float32).tobytes()),
-        )
-        self.db.execute(
-            "INSERT INTO vector_state (user_id, appended) VALUES (?, 1) "
-            "ON CONFLICT(user_id) DO UPDATE SET appended = appended + 1",
-            (user_id,),
-        )
+        self._stamp(user_id, record_id, appended=int(vector is not None), removed=0)
 
     def _unindex(self, user_id: str, record_id: str) -> None:
-        for table in ("record_keywords", "records_fts", "vectors"):
+        for table in ("record_keywords", "vectors"):
             self.db.execute(f"DELETE FROM {table} WHERE record_id=? AND user_id=?", (record_id, user_id))
-        self.db.execute("UPDATE vector_state SET removed = removed + 1 WHERE user_id=?", (user_id,))
+        self._stamp(user_id, record_id, appended=0, removed=1)
+
+    def _stamp(self, user_id: str, record_id: str, appended: int, removed: int) -> None:
+        """Count the change for the in-process indexes: vectors appended or removed, and the record's
+        next change number."""
+        (seq,) = self.db.execute(
+            "INSERT INTO index_state (user_id, appended, removed, seq) VALUES (?,?,?,1) "
+            "ON CONFLICT(user_id) DO UPDATE SET appended = appended + excluded.appended, "
+            "removed = removed + excluded.removed, seq = seq + 1 RETURNING seq",
+            (user_id, appended, removed),
+        ).fetchone()
+        self.db.execute("UPDATE records SET seq=? WHERE user_id=? AND id=?", (seq, user_id, record_id))
 
     def _snapshot(self, user_id: str, record_id: str, version: int, action: str, at: float) -> None:
         snapshot = json.dumps(self.get(user_id, record_id), ensure_ascii=False)
@@ -475,17 +488,24 @@ class SQLiteStore:
         return [r[0] for r in rows]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
-        """BM25 over content, keywords and dimensions (FTS5); higher is better."""
-        terms = [t for t in "".join(c if c.isalnum() else " " for c in query).split() if len(t) > 1]
-        if not terms:
-            return []
-        match = " OR ".join(f'"{t}"' for t in terms)
+        """BM25 over content, keywords and dimensions of the user's active records, by the user's own
+        statistics (the in-process `LexicalIndex`); higher is better."""
+        return self.lexicon.search(user_id, query, k)
+
+    def lexical_stamp(self, user_id: str) -> tuple[int, int]:
+        """(epoch, seq): the user's last change to what the lexical index holds."""
+        row = self.db.execute("SELECT epoch, seq FROM index_state WHERE user_id=?", (user_id,)).fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+    def lexical_changes(self, user_id: str, after: int) -> list[dict]:
+        """The records whose index state changed after change number `after` (0: the active records), in
+        change order: id, status and the indexed fields."""
         rows = self.db.execute(
-            "SELECT record_id, bm25(records_fts) AS score FROM records_fts "
-            "WHERE records_fts MATCH ? AND user_id=? ORDER BY score LIMIT ?",
-            (match, user_id, k),
+            "SELECT id, status, content, keywords, location, reason, purpose FROM records "
+            "WHERE user_id=? AND seq>? AND (status='active' OR ?>0) ORDER BY seq",
+            (user_id, after, after),
         )
-        return [(r[0], -r[1]) for r in rows]
+        return [{**dict(r), "keywords": json.loads(r["keywords"])} for r in rows]
 
     def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
         """Active records whose time overlaps the day span [start, end], the latest-starting first."""
@@ -515,7 +535,7 @@ class SQLiteStore:
     def vector_state(self, user_id: str) -> tuple[int, int]:
         """(vectors appended, vectors removed) so far for the user: a change stamp for in-memory indexes."""
         row = self.db.execute(
-            "SELECT appended, removed FROM vector_state WHERE user_id=?", (user_id,)
+            "SELECT appended, removed FROM index_state WHERE user_id=?", (user_id,)
         ).fetchone()
         return (row[0], row[1]) if row else (0, 0)
 
@@ -603,8 +623,10 @@ class SQLiteStore:
             if replace:
                 for table in ("records", "record_history", "record_keywords", "turns", "vectors", "windows"):
                     self.db.execute(f"DELETE FROM {table} WHERE user_id=?", (user_id,))
-                self.db.execute("DELETE FROM records_fts WHERE user_id=?", (user_id,))
-                self.db.execute("UPDATE vector_state SET removed = removed + 1 WHERE user_id=?", (user_id,))
+                self.db.execute(  # every in-process index starts the user over
+                    "UPDATE index_state SET removed = removed + 1, epoch = epoch + 1 WHERE user_id=?",
+                    (user_id,),
+                )
             for record in data["records"]:
                 row = {**record, "user_id": user_id}
                 row["keywords"] = json.dumps(record["keywords"], ensure_ascii=False)
@@ -679,6 +701,6 @@ def _row(record: dict) -> dict:
 
 
 def _record(row: sqlite3.Row) -> dict:
-    out = dict(row)
+    out = {c: row[c] for c in _COLUMNS}  # (not `seq`, the index's bookkeeping)
     out["keywords"], out["source_turns"] = json.loads(out["keywords"]), json.loads(out["source_turns"])
     return out

@@ -1,0 +1,40 @@
+"""The lexical analyzer, one definition for both store backends and every query: which text of a record
+is indexed and how text is cut into terms (`LexicalIndex` scores them by BM25)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import cache
+
+_TOKEN = re.compile(r"[^\W_]+")
+_STOPWORDS = """
+a about above after again against all am an and any are as at be because been before being below between
+both but by can could did do does doing down during each few for from further had has have having he her
+here hers herself him himself his how i if in into is it its itself just me more most my myself no nor not
+now of off on once only or other our ours ourselves out over own same she should so some such than that the
+their theirs them themselves then there these they this those through to too under until up very was we
+were what when where which while who whom why will with would you your yours yourself yourselves
+"""
+STOPWORDS = frozenset(_STOPWORDS.split())
+
+
+@cache
+def _stemmer():
+    import Stemmer  # PyStemmer: the Snowball English stemmer (PostgreSQL's 'english' uses the same)
+
+    return Stemmer.Stemmer("english")
+
+
+def terms(text: str) -> Counter[str]:
+    """The indexed terms of a text with their counts: casefolded words of two or more characters, English
+    stop words dropped, Snowball-stemmed (so "hiking" finds "hikes")."""
+    words = [w for w in _TOKEN.findall(text.casefold()) if len(w) > 1 and w not in STOPWORDS]
+    return Counter(_stemmer().stemWords(words))
+
+
+def document(record: dict) -> Counter[str]:
+    """A record's indexed terms: content, keywords, location, reason and purpose."""
+    parts = [record["content"], " ".join(record["keywords"] or [])]
+    parts += [record.get(field) or "" for field in ("location", "reason", "purpose")]
+    return terms(" ".join(parts))

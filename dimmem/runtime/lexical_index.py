@@ -1,0 +1,137 @@
+"""The lexical path's index (`Store.lexical`, both backends): each user's postings held in memory and
+scored by BM25 with numpy, kept in step with the store.
+
+The store is the truth. Every write that indexes or unindexes a record stamps the record with the user's
+next change number (`seq`) in the same transaction, so a committed write is seen by the next search and a
+crashed one by none. Before each search the index reads the user's stamp (epoch, seq) and, when it moved,
+the records changed since (`Store.lexical_changes`): a changed record's old postings are dropped
+(tombstoned) and an active one's new postings, from `lexical.document`, appended. A user is read from
+scratch on first use, when the store replaced the user wholesale (a new epoch) and when over half of
+the user's positions are tombstones.
+
+Scores are BM25 (k1 1.2, b 0.75, FTS5's IDF) from the user's own active records: no other user's records
+move them, and a search costs the postings of the query's terms in this user, whatever else the store
+holds. Least recently searched users are dropped beyond `max_postings` postings in all.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from array import array
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from dimmem.runtime import lexical
+
+K1, B = 1.2, 0.75  # the BM25 constants of SQLite FTS5 and most engines
+
+
+class _User:
+    """One user's postings: record positions in the order they were indexed, tombstones for positions
+    whose record changed since, and per term the positions and term frequencies."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.stamp: tuple[int, int] = (-1, -1)  # (epoch, seq) read last; never a store's
+        self.ids: list[str] = []
+        self.where: dict[str, int] = {}  # record id -> its live position
+        self.alive, self.dl = array("b"), array("i")
+        self.postings: dict[str, tuple[array, array]] = {}
+        self.docs = self.tokens = self.size = 0
+
+    def add(self, record: dict) -> None:
+        counts = lexical.document(record)
+        position = len(self.ids)
+        for term, tf in counts.items():
+            if term not in self.postings:
+                self.postings[term] = (array("i"), array("i"))
+            positions, tfs = self.postings[term]
+            positions.append(position)
+            tfs.append(tf)
+        dl = sum(counts.values())
+        self.ids.append(record["id"])
+        self.where[record["id"]] = position
+        self.alive.append(1)
+        self.dl.append(dl)
+        self.docs, self.tokens, self.size = self.docs + 1, self.tokens + dl, self.size + len(counts)
+
+    def drop(self, record_id: str) -> None:
+        position = self.where.pop(record_id, None)
+        if position is not None:
+            self.alive[position] = 0
+            self.docs, self.tokens = self.docs - 1, self.tokens - self.dl[position]
+
+    def top(self, wanted: list[str], k: int) -> list[tuple[str, float]]:
+        alive = np.frombuffer(self.alive, dtype=np.int8)
+        dl = np.frombuffer(self.dl, dtype=np.int32)
+        n, avgdl = max(self.docs, 1), max(self.tokens / max(self.docs, 1), 1.0)
+        all_positions, all_weights = [], []
+        for term in wanted:  # in term order: each record's score sums its terms in the same order
+            if term not in self.postings:
+                continue
+            positions, tfs = (np.frombuffer(a, dtype=np.int32) for a in self.postings[term])
+            if len(self.where) < len(self.ids):  # tombstones: only live positions count
+                live = alive[positions] == 1
+                positions, tfs = positions[live], tfs[live]
+            if not len(positions):
+                continue
+            df = len(positions)
+            idf = max(math.log((n - df + 0.5) / (df + 0.5)), 1e-6)  # floored: a common term still counts
+            all_positions.append(positions)
+            all_weights.append(idf * tfs * (K1 + 1) / (tfs + K1 * (1 - B + B * dl[positions] / avgdl)))
+        if not all_positions:
+            return []
+        scores = np.bincount(np.concatenate(all_positions), weights=np.concatenate(all_weights))
+        floor = np.partition(scores, -k)[-k] if len(scores) > k else 0.0
+        chosen = np.flatnonzero((scores >= floor) & (scores > 0))  # the k best, and any tied with them
+        ranked = sorted(((self.ids[i], float(scores[i])) for i in chosen), key=lambda x: (-x[1], x[0]))
+        return ranked[:k]
+
+
+class LexicalIndex:
+    def __init__(self, store: Any, max_postings: int = 50_000_000):
+        """`store`: the store that owns the index (`lexical_stamp`, `lexical_changes`)."""
+        self.store, self.max_postings = store, max_postings
+        self.users: OrderedDict[str, _User] = OrderedDict()
+        self.held = 0  # postings held, all users
+        self.lock = threading.Lock()  # the users map and `held`; each user has a lock of its own
+
+    def search(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
+        """The user's k best active records for the query (any term matching): (id, BM25 score), best
+        first, ties by id."""
+        wanted = sorted(lexical.terms(query))
+        if not wanted or k <= 0:
+            return []
+        with self.lock:
+            user = self.users.setdefault(user_id, _User())
+            self.users.move_to_end(user_id)
+        with user.lock:
+            before = user.size
+            self._refresh(user_id, user)
+            hits = user.top(wanted, k)
+            grown = user.size - before
+        with self.lock:
+            self.held += grown
+            if self.held > self.max_postings:  # (a running count; exact again before anyone is dropped)
+                self.held = sum(u.size for u in self.users.values())
+                while len(self.users) > 1 and self.held > self.max_postings:  # least recently searched
+                    self.held -= self.users.popitem(last=False)[1].size
+        return hits
+
+    def _refresh(self, user_id: str, user: _User) -> None:
+        stamp = self.store.lexical_stamp(user_id)
+        if stamp == user.stamp:
+            return
+        if stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1] or len(user.where) < len(user.ids) // 2:
+            user.reset()  # from scratch: first use, a replaced user, or mostly tombstones
+        for record in self.store.lexical_changes(user_id, max(user.stamp[1], 0)):
+            user.drop(record["id"])
+            if record["status"] == "active":
+                user.add(record)
+        user.stamp = stamp
