@@ -1,19 +1,24 @@
-"""Where the two backends' BM25 paths differ on LoCoMo: tokenization or corpus statistics.
+"""The lexical path before and after the per-user index, on LoCoMo, side by side in one run.
 
     python -m eval.bench_lexical --memories observations
     python -m eval.bench_lexical --memories turns
 
-SQLite's FTS5 takes BM25's document frequencies and average length over the whole index, every user's
-records together; the Postgres store takes them from the user's own records (its `user_stats` row).
-Recall@10 of the BM25 path alone, side by side in one run: SQLite with one store for all conversations
-(as `dimmem eval retrieval` loads them), SQLite with a store per conversation (so FTS5's statistics are
-the user's own), and Postgres (embedded, one database, as the runtime's login role). If the two
-per-user columns agree, the tokenizers are not what separates the backends.
+Recall@10 of the BM25 path alone (questions of categories 1-4, each conversation one user, added in
+order as `dimmem eval retrieval` adds them) for:
+- FTS5, one index over all users: the SQLite store's lexical path until schema 4 (Porter over unicode61
+  tokens, every word kept, statistics from every user's records loaded so far), rebuilt here as the
+  reference;
+- the runtime's per-user index (`dimmem.runtime.lexical_index`) on SQLite and on Postgres (embedded, as
+  the runtime's login role): one analyzer (Snowball, English stop words dropped), statistics from the
+  user's own records.
+The two runtime columns must agree exactly; the difference to FTS5 is what per-user statistics and the
+analyzer cost or buy.
 """
 
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -28,32 +33,37 @@ from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
 from eval.retrieval import evidence_of, observation_records, score_ranking, turn_records
 
 
-class MemoizedEmbedder:
-    """MiniLM, each text embedded once for the three stores."""
+class SharedFTS5:
+    """The previous SQLite lexical path: one FTS5 table for every user, BM25 over the whole table."""
 
     def __init__(self) -> None:
-        self.embedder, self.seen = Embedder(), {}
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute(
+            "CREATE VIRTUAL TABLE fts USING fts5(record_id UNINDEXED, user_id UNINDEXED, body, "
+            "tokenize='porter unicode61')"
+        )
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        new = [t for t in dict.fromkeys(texts) if t not in self.seen]
-        if new:
-            self.seen.update(zip(new, self.embedder.encode(new)))
-        return np.stack([self.seen[t] for t in texts])
+    def add(self, user_id: str, records: list[dict]) -> None:
+        body = lambda r: " ".join(  # noqa: E731
+            filter(None, [r["content"], " ".join(r["keywords"]), r["location"], r["reason"], r["purpose"]])
+        )
+        self.db.executemany("INSERT INTO fts VALUES (?,?,?)", [(r["id"], user_id, body(r)) for r in records])
+
+    def search(self, user_id: str, query: str, k: int) -> list[str]:
+        words = [t for t in "".join(c if c.isalnum() else " " for c in query).split() if len(t) > 1]
+        if not words:
+            return []
+        rows = self.db.execute(
+            "SELECT record_id FROM fts WHERE fts MATCH ? AND user_id=? ORDER BY bm25(fts) LIMIT ?",
+            (" OR ".join(f'"{w}"' for w in words), user_id, k),
+        )
+        return [r[0] for r in rows]
 
 
-def bm25_recall(conversations, make_records, memory_of) -> float:
-    """Mean BM25-path recall@10 over the questions of categories 1-4, conversations added in order."""
-    recalls = []
-    for conv in conversations:
-        memory = memory_of(conv.id)
-        memory.add_records(make_records(conv), user_id=conv.id, conversation=conv, consolidate=False)
-        sources = {r["id"]: r["source_turns"] for r in memory.store.records(conv.id)}
-        for qa in conv.metadata.get("qa", []):
-            if qa.get("category") in (1, 2, 3, 4) and evidence_of(qa):
-                hits = memory.store.lexical(conv.id, lexical_terms(qa["question"]), 50)
-                ranked = [rid for rid, _ in hits]
-                recalls.append(score_ranking(ranked, sources, evidence_of(qa), [10])["recall@10"])
-    return round(float(np.mean(recalls)), 4)
+def questions(conv) -> list[dict]:
+    return [
+        qa for qa in conv.metadata.get("qa", []) if qa.get("category") in (1, 2, 3, 4) and evidence_of(qa)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,29 +78,45 @@ def main(argv: list[str] | None = None) -> int:
 
     conversations = load_conversations("locomo", args.locomo)
     make_records = turn_records if args.memories == "turns" else observation_records
-    embedder = MemoizedEmbedder()
+    embedder = Embedder()
+    recalls: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder:
-        shared = Memory({"store": ":memory:"}, embedder=embedder)
-        per_user: dict[str, Memory] = {}
-        columns = {
-            "SQLite, one store (store-wide statistics)": lambda user: shared,
-            "SQLite, a store per user (per-user statistics)": lambda user: per_user.setdefault(
-                user, Memory({"store": ":memory:"}, embedder=embedder)
-            ),
-        }
         server = start_embedded(Path(folder) / "pg", durable=False)
         try:
             owner = server.database("lexical")
             Memory({"store": owner}, embedder=embedder).close()  # migrates, as the owner
-            postgres = Memory({"store": server.login_role(RUNTIME_LOGIN, owner)}, embedder=embedder)
-            columns["Postgres (per-user statistics)"] = lambda user: postgres
-            results = {name: bm25_recall(conversations, make_records, of) for name, of in columns.items()}
-            postgres.close()
+            stores = {
+                "SQLite, per-user index": Memory({"store": ":memory:"}, embedder=embedder),
+                "Postgres, per-user index": Memory(
+                    {"store": server.login_role(RUNTIME_LOGIN, owner)}, embedder=embedder
+                ),
+            }
+            fts5 = SharedFTS5()
+            for conv in conversations:
+                records = make_records(conv)
+                fts5.add(conv.id, records)
+                for memory in stores.values():
+                    memory.add_records(records, user_id=conv.id, conversation=conv, consolidate=False)
+                sources = {r["id"]: r["source_turns"] for r in records}  # as given (FTS5) and as stored
+                sources |= {
+                    r["id"]: r["source_turns"]
+                    for r in stores["SQLite, per-user index"].store.records(conv.id)
+                }
+                for qa in questions(conv):
+                    query = lexical_terms(qa["question"])
+                    ranked = {"FTS5, one index for all users (before)": fts5.search(conv.id, query, 50)}
+                    for name, memory in stores.items():
+                        ranked[name] = [rid for rid, _ in memory.store.lexical(conv.id, query, 50)]
+                    for name, ids in ranked.items():
+                        score = score_ranking(ids, sources, evidence_of(qa), [10])["recall@10"]
+                        recalls.setdefault(name, []).append(score)
+            for memory in stores.values():
+                memory.close()
         finally:
             server.stop()
-    print(f"BM25 path recall@10, LoCoMo {args.memories}:\n\n| store | recall@10 |\n|---|---|")
-    for name, value in results.items():
-        print(f"| {name} | {value:.4f} |")
+    print(f"BM25 path recall@10, LoCoMo {args.memories}:\n\n| lexical path | recall@10 |\n|---|---|")
+    for name, values in recalls.items():
+        print(f"| {name} | {np.mean(values):.4f} |")
     return 0
 
 

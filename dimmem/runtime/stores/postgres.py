@@ -619,18 +619,22 @@ class PostgresStore:
     def candidates(
         self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1
     ) -> list[str]:
-        """Active records of the type(s) sharing a keyword, most shared first: an index lookup, never a
-        scan of all pairs (`limit` -1: all)."""
+        """Active records of the type(s) sharing a keyword, most shared first (`limit` -1: all). Each
+        (type, keyword) contributes at most `limit` records, the first by id, so a keyword most records
+        carry costs no more than a rare one."""
         keys = sorted({k.casefold() for k in keywords})
-        types = [types] if isinstance(types, str) else list(types)
+        types = sorted({types} if isinstance(types, str) else set(types))
         if not keys or not types:
             return []
         with self._cursor(user_id) as cur:
             cur.execute(
-                "SELECT record_id, count(*) AS shared FROM record_keywords "
-                f"WHERE {_T} AND user_id=%s AND type = ANY(%s) AND keyword = ANY(%s) "
-                "GROUP BY record_id ORDER BY shared DESC, record_id LIMIT %s",
-                (user_id, types, keys, _limit(limit)),
+                "SELECT k.record_id, count(*) AS shared "
+                "FROM unnest(%(types)s::text[]) AS t(type) CROSS JOIN unnest(%(keys)s::text[]) AS q(keyword) "
+                "CROSS JOIN LATERAL (SELECT record_id FROM record_keywords r "
+                f"WHERE r.{_T} AND r.user_id=%(user)s AND r.type = t.type AND r.keyword = q.keyword "
+                "ORDER BY r.record_id LIMIT %(limit)s) k "
+                "GROUP BY k.record_id ORDER BY shared DESC, k.record_id LIMIT %(limit)s",
+                {"user": user_id, "types": types, "keys": keys, "limit": _limit(limit)},
             )
             return [r["record_id"] for r in cur.fetchall()]
 
@@ -675,13 +679,18 @@ class PostgresStore:
             return [(r["id"], float(r["score"])) for r in cur.fetchall()]
 
     def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
-        """Active records whose time overlaps the day span [start, end], the latest-starting first."""
+        """Active records whose time overlaps the day span [start, end], the latest-starting first: those
+        starting inside it, then of those starting before it the `limit` latest-starting that still
+        run into it (so a lookup reads at most twice `limit` index entries; -1: all)."""
+        mine = f"FROM records WHERE {_T} AND user_id=%(user)s AND status='active'"
         with self._cursor(user_id) as cur:
             cur.execute(
-                f"SELECT id FROM records WHERE {_T} AND user_id=%s AND status='active' "
-                "AND t_start<=%s::date "
-                "AND t_end>=%s::date ORDER BY t_start DESC, id LIMIT %s",
-                (user_id, end, start, _limit(limit)),
+                f"(SELECT id, t_start {mine} AND t_start BETWEEN %(start)s::date AND %(end)s::date "
+                "ORDER BY t_start DESC, id LIMIT %(limit)s) UNION ALL "
+                f"(SELECT id, t_start FROM (SELECT id, t_start, t_end {mine} AND t_start < %(start)s::date "
+                "ORDER BY t_start DESC, id LIMIT %(limit)s) b WHERE t_end >= %(start)s::date) "
+                "ORDER BY t_start DESC, id LIMIT %(limit)s",
+                {"user": user_id, "start": start, "end": end, "limit": _limit(limit)},
             )
             return [r["id"] for r in cur.fetchall()]
 

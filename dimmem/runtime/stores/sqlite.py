@@ -84,7 +84,8 @@ MIGRATIONS = [
     # and BM25 statistics mixed users) to the in-process `LexicalIndex`, per user. A record is stamped with
     # its user's next change number (`seq`) whenever it is indexed or unindexed, so the index re-reads only
     # what changed; `epoch` moves when a user is replaced wholesale (`load(replace=True)`). Unindexing a
-    # record finds its keyword rows by key (it scanned the table: a store-sized cost per update).
+    # record finds its keyword rows by key (it scanned the table: a store-sized cost per update), and the
+    # dimension path's time lookup walks an index of start days instead of all the user's records.
     """
     ALTER TABLE vector_state RENAME TO index_state;
     ALTER TABLE index_state ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
@@ -96,6 +97,9 @@ MIGRATIONS = [
     CREATE INDEX records_seq ON records(user_id, seq);
     DROP TABLE records_fts;
     CREATE INDEX record_keywords_record ON record_keywords(user_id, record_id);
+    DROP INDEX record_keywords_lookup;
+    CREATE INDEX record_keywords_lookup ON record_keywords(user_id, type, keyword, record_id);
+    CREATE INDEX records_time ON records(user_id, t_start DESC, id) WHERE status = 'active';
     """,
 ]
 
@@ -472,18 +476,22 @@ class SQLiteStore:
     def candidates(
         self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1
     ) -> list[str]:
-        """Active records of the type(s) sharing a keyword, most shared first: an index lookup, never a
-        scan of all pairs (`limit` -1: all)."""
+        """Active records of the type(s) sharing a keyword, most shared first (`limit` -1: all). Each
+        (type, keyword) contributes at most `limit` records, the first by id, so a keyword most records
+        carry costs no more than a rare one."""
         keys = sorted({k.casefold() for k in keywords})
-        types = [types] if isinstance(types, str) else list(types)
+        types = sorted({types} if isinstance(types, str) else set(types))
         if not keys or not types:
             return []
+        arm = (
+            "SELECT * FROM (SELECT record_id FROM record_keywords INDEXED BY record_keywords_lookup "
+            "WHERE user_id=? AND type=? AND keyword=? ORDER BY record_id LIMIT ?)"
+        )
+        pairs = [(t, key) for t in types for key in keys]
         rows = self.db.execute(
-            "SELECT record_id, COUNT(*) AS shared FROM record_keywords "
-            f"WHERE user_id=? AND type IN ({','.join('?' * len(types))}) "
-            f"AND keyword IN ({','.join('?' * len(keys))}) "
+            f"SELECT record_id, COUNT(*) AS shared FROM ({' UNION ALL '.join([arm] * len(pairs))}) "
             "GROUP BY record_id ORDER BY shared DESC, record_id LIMIT ?",
-            (user_id, *types, *keys, limit),
+            (*(p for t, key in pairs for p in (user_id, t, key, limit)), limit),
         )
         return [r[0] for r in rows]
 
@@ -508,11 +516,18 @@ class SQLiteStore:
         return [{**dict(r), "keywords": json.loads(r["keywords"])} for r in rows]
 
     def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
-        """Active records whose time overlaps the day span [start, end], the latest-starting first."""
+        """Active records whose time overlaps the day span [start, end], the latest-starting first: those
+        starting inside it, then of those starting before it the `limit` latest-starting that still
+        run into it (so a lookup reads at most twice `limit` index entries; -1: all)."""
         rows = self.db.execute(
-            "SELECT id FROM records WHERE user_id=? AND status='active' AND t_start<=? AND t_end>=? "
-            "ORDER BY t_start DESC, id LIMIT ?",
-            (user_id, end, start, limit),
+            "SELECT id FROM ("
+            "SELECT * FROM (SELECT id, t_start FROM records WHERE user_id=:user AND status='active' "
+            "AND t_start BETWEEN :start AND :end ORDER BY t_start DESC, id LIMIT :limit) "
+            "UNION ALL SELECT id, t_start FROM (SELECT id, t_start, t_end FROM records "
+            "WHERE user_id=:user AND status='active' AND t_start < :start ORDER BY t_start DESC, id "
+            "LIMIT :limit) WHERE t_end >= :start"
+            ") ORDER BY t_start DESC, id LIMIT :limit",
+            {"user": user_id, "start": start, "end": end, "limit": limit},
         )
         return [r[0] for r in rows]
 

@@ -28,3 +28,7 @@ ALTER TABLE records DROP COLUMN search_tokens, DROP COLUMN search;
 DROP FUNCTION dimmem_tsvector_tokens(tsvector);
 DROP FUNCTION dimmem_search_text(text, text[], text, text, text);
 ALTER TABLE user_stats DROP COLUMN docs, DROP COLUMN tokens;
+
+-- The dimension path's time lookup reads the latest-starting records first, ties by id, from the index.
+DROP INDEX records_time;
+CREATE INDEX records_time ON records (tenant, user_id, t_start DESC, id) WHERE status = 'active';
