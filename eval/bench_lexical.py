@@ -43,11 +43,12 @@ class SharedFTS5:
             "tokenize='porter unicode61')"
         )
 
-    def add(self, user_id: str, records: list[dict]) -> None:
+    def add(self, rows: list[tuple[str, dict]]) -> None:
+        """Index (user id, record) pairs."""
         body = lambda r: " ".join(  # noqa: E731
             filter(None, [r["content"], " ".join(r["keywords"]), r["location"], r["reason"], r["purpose"]])
         )
-        self.db.executemany("INSERT INTO fts VALUES (?,?,?)", [(r["id"], user_id, body(r)) for r in records])
+        self.db.executemany("INSERT INTO fts VALUES (?,?,?)", [(r["id"], user, body(r)) for user, r in rows])
 
     def search(self, user_id: str, query: str, k: int) -> list[str]:
         words = [t for t in "".join(c if c.isalnum() else " " for c in query).split() if len(t) > 1]
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             fts5 = SharedFTS5()
             for conv in conversations:
                 records = make_records(conv)
-                fts5.add(conv.id, records)
+                fts5.add([(conv.id, r) for r in records])
                 for memory in stores.values():
                     memory.add_records(records, user_id=conv.id, conversation=conv, consolidate=False)
                 sources = {r["id"]: r["source_turns"] for r in records}  # as given (FTS5) and as stored

@@ -1,17 +1,21 @@
-"""Memory runtime benchmark: search latency by store size, ingest throughput, store size on disk, and the
-update path's embedding comparisons against comparing with every stored record.
+"""Memory runtime benchmark: search latency by store size and by user size, ingest throughput, store
+size on disk, and the update path's embedding comparisons against comparing with every stored record.
 
-    python -m eval.bench_runtime --sizes 10000,100000,1000000 --stores sqlite,postgres \\
-        --out runs/bench/runtime.json
+    python -m eval.bench_runtime --sizes 1000,10000,100000,1000000 --spread 1000000/1000 \\
+        --stores sqlite,postgres --out runs/bench/runtime.json
 
-Stores of N records for one user (the worst case: every search is scoped to one user) are filled with
-LoCoMo turn texts, each varied by two extra words, with their real MiniLM vectors plus small noise (so
-the vectors cluster as real ones do, which matters for HNSW). Queries are LoCoMo questions. At each
-size the store backends run side by side (SQLite; Postgres on an embedded server with fsync on, as the
-runtime's login role): fill rate and size on disk, then each path alone as the runtime calls it (BM25,
-dense with its recall@10 against exact search, dimension) and the whole `Memory.search` (query
-embedding, three paths, fusion). Ingest with embeddings (`--ingest` records, as given and through the
-update path) runs on each backend; the update path's candidate lookup on LoCoMo observations.
+Stores are filled with LoCoMo turn texts, each varied by two extra words, with their real MiniLM vectors
+plus small noise (so the vectors cluster as real ones do, which matters for HNSW). Queries are LoCoMo
+questions. `--sizes`: stores of N records in one user (the worst case: every search is scoped to one
+user); `--spread N/U`: N records over U users of N/U records each, every query to a user drawn at
+random (what a search costs a small user of a large store). At each size the store backends run side by
+side (SQLite; Postgres on an embedded server with fsync on, as the runtime's login role): fill rate and
+size on disk, then each path alone as the runtime calls it (BM25, dense with its recall@10 against exact
+search, dimension), the whole `Memory.search` (query embedding, three paths, fusion), and the first
+search of a user in this process (the in-process indexes read the user). Beside SQLite's BM25, the same
+queries on one FTS5 index over the same records, the lexical path before the per-user index. Ingest with
+embeddings (`--ingest` records, as given and through the update path) runs on each backend; the update
+path's candidate lookup on LoCoMo observations.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
 from dimmem.runtime.stores import open_store
+from eval.bench_lexical import SharedFTS5
 from eval.retrieval import observation_records
 
 TYPES = ("episodic", "fact", "profile")
@@ -144,50 +149,74 @@ def backends(names: list[str], workdir: Path) -> Iterator[dict]:
             server.stop()
 
 
-def bench_size(backend: tuple, n: int, data: tuple, embedder: Embedder, queries: int) -> dict:
-    """Fill a fresh store of `backend` with n records of one user, then time each path and the whole
-    search on the same queries."""
+def bench_size(backend: tuple, n: int, users: int, data: tuple, memory_of, queries: int) -> dict:
+    """Fill a fresh store of `backend` with n records over `users` users, then time each path and the
+    whole search on the same queries (each to a user drawn at random)."""
     fresh, size_of = backend
     texts, vectors, questions, qvectors = data
-    memory = Memory({"store": fresh(f"size_{n}")}, embedder=embedder)
-    store, batch, kept = memory.store, 10_000, []
+    name = f"size_{n}_{users}"
+    memory = memory_of(fresh(name))
+    store, batch, kept, fill_seconds = memory.store, 10_000, [], 0.0
+    owner = [f"u{i % users}" for i in range(n)]
+    fts5 = SharedFTS5() if hasattr(store, "db") else None  # SQLite: the lexical path before, beside it
     rows = synthetic(n, texts, vectors)
     start = time.perf_counter()
-    with tqdm(total=n, desc=f"fill {n:,}", unit="rec", disable=None) as bar:
-        for _ in range(0, n, batch):
+    with tqdm(total=n, desc=f"fill {n:,} / {users:,} users", unit="rec", disable=None) as bar:
+        for first in range(0, n, batch):
+            chunk = [next(rows) for _ in range(min(batch, n - first))]
             with store.transaction():
-                for record, vector in (next(rows) for _ in range(min(batch, n - bar.n))):
-                    store.insert("bench", record, vector)
-                    kept.append(vector)
-            bar.update(min(batch, n - bar.n))
-    fill_seconds = time.perf_counter() - start
+                for i, (record, vector) in enumerate(chunk, start=first):
+                    store.insert(owner[i], record, vector)
+            kept += [vector for _, vector in chunk]
+            bar.update(len(chunk))
+            if fts5 is not None:
+                fill_seconds -= time.perf_counter()  # (not part of the store's fill rate)
+                fts5.add([(owner[i], record) for i, (record, _) in enumerate(chunk, start=first)])
+                fill_seconds += time.perf_counter()
+    fill_seconds += time.perf_counter() - start
     if hasattr(store, "db"):  # SQLite: fold the write-ahead log into the file before measuring it
         store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    size = size_of(f"size_{n}")
-    qs = list(zip(questions[:queries], qvectors[:queries]))
-    truth = exact_top(np.stack(kept), np.stack([v for _, v in qs]))
-    del kept
+    size = size_of(name)
+    rng = np.random.default_rng(1)
+    asked = [
+        (f"u{int(rng.integers(0, users))}", q, v) for q, v in zip(questions[:queries], qvectors[:queries])
+    ]
     result = {
         "records": n,
+        "users": users,
         "fill_records_per_s": round(n / fill_seconds),
         "store_bytes": size,
         "store_bytes_per_record": round(size / n),
     }
-    _, lexical = timed(lambda q: store.lexical("bench", lexical_terms(q), 50), [(q,) for q, _ in qs])
+    first = {}  # each user's first search in this process: the in-process indexes read the user
+    for user in dict.fromkeys(u for u, _, _ in asked):
+        start = time.perf_counter()
+        memory.search("first", user_id=user, k=10, reference_date="2023-10-01")
+        first[user] = time.perf_counter() - start
+    result["first_search"] = percentiles(list(first.values()))
+    if fts5 is not None:
+        _, before = timed(lambda u, q: fts5.search(u, lexical_terms(q), 50), [(u, q) for u, q, _ in asked])
+        result["bm25_fts5"] = percentiles(before)
+    _, lexical = timed(lambda u, q: store.lexical(u, lexical_terms(q), 50), [(u, q) for u, q, _ in asked])
     result["bm25"] = percentiles(lexical)
-    start = time.perf_counter()
-    store.dense("bench", qs[0][1], 50)  # SQLite builds its in-process index on the first search
-    result["dense_first_s"] = round(time.perf_counter() - start, 2)
-    hits, dense = timed(lambda v: store.dense("bench", v, 50), [(v,) for _, v in qs])
+    hits, dense = timed(lambda u, v: store.dense(u, v, 50), [(u, v) for u, _, v in asked])
     result["dense"] = percentiles(dense)
-    result["dense_recall@10"] = round(
-        float(np.mean([len({int(r[1:]) for r, _ in h[:10]} & t) / 10 for h, t in zip(hits, truth)])), 4
-    )
-    parsed = [parse_query_rules(q, "2023-10-01") for q, _ in qs]
-    _, dimension = timed(lambda p: dimension_path(store, "bench", p, 50), [(p,) for p in parsed])
+    recalls = []  # against the exact neighbours among the user's own vectors
+    for user in dict.fromkeys(u for u, _, _ in asked):
+        rows_of = np.arange(int(user[1:]), n, users)  # record i belongs to user i % users
+        mine = [i for i, (u, _, _) in enumerate(asked) if u == user]
+        truth = exact_top(np.stack([kept[i] for i in rows_of]), np.stack([asked[i][2] for i in mine]))
+        for i, top in zip(mine, truth):
+            found = {int(r[1:]) for r, _ in hits[i][:10]}
+            recalls.append(len(found & {int(rows_of[j]) for j in top}) / 10)
+    del kept
+    result["dense_recall@10"] = round(float(np.mean(recalls)), 4)
+    parsed = [(u, parse_query_rules(q, "2023-10-01")) for u, q, _ in asked]
+    _, dimension = timed(lambda u, p: dimension_path(store, u, p, 50), parsed)
     result["dimension"] = percentiles(dimension)
     _, searches = timed(
-        lambda q: memory.search(q, user_id="bench", k=10, reference_date="2023-10-01"), [(q,) for q, _ in qs]
+        lambda u, q: memory.search(q, user_id=u, k=10, reference_date="2023-10-01"),
+        [(u, q) for u, q, _ in asked],
     )
     result["search"] = percentiles(searches)
     memory.close()
@@ -230,17 +259,18 @@ def bench_update(conversations, embedder: Embedder) -> dict:
 
 def format_tables(result: dict) -> str:
     lines = [
-        "| records | store | MB on disk (B/record) | fill rec/s | BM25 p50/p95 ms | dense p50/p95 ms "
-        "(first s, recall@10) | dimension p50/p95 ms | search p50/p95 ms |",
-        "|" + "---|" * 8,
+        "| records / users | store | MB on disk (B/record) | fill rec/s | BM25 before (FTS5) p50/p95 ms | "
+        "BM25 p50/p95 ms | dense p50/p95 ms (recall@10) | dimension p50/p95 ms | search p50/p95 ms | "
+        "first search p50/p95 ms |",
+        "|" + "---|" * 10,
     ]
     for r in result["sizes"]:
-        pp = lambda key, r=r: f"{r[key]['p50_ms']} / {r[key]['p95_ms']}"  # noqa: E731
+        pp = lambda key, r=r: f"{r[key]['p50_ms']} / {r[key]['p95_ms']}" if key in r else "-"  # noqa: E731
         lines.append(
-            f"| {r['records']:,} | {r['store']} | {r['store_bytes'] / 1e6:,.0f} "
-            f"({r['store_bytes_per_record']:,}) | {r['fill_records_per_s']:,} | {pp('bm25')} | "
-            f"{pp('dense')} ({r['dense_first_s']}, {r['dense_recall@10']}) | {pp('dimension')} | "
-            f"{pp('search')} |"
+            f"| {r['records']:,} / {r['users']:,} | {r['store']} | {r['store_bytes'] / 1e6:,.0f} "
+            f"({r['store_bytes_per_record']:,}) | {r['fill_records_per_s']:,} | {pp('bm25_fts5')} | "
+            f"{pp('bm25')} | {pp('dense')} ({r['dense_recall@10']}) | {pp('dimension')} | {pp('search')} | "
+            f"{pp('first_search')} |"
         )
     lines += ["", f"MiniLM alone: {result['embedding_records_per_s']:,} records/s"]
     for name, ingest in result["ingest"].items():
@@ -266,7 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--sizes", default="1000,10000,100000,1000000", help="records, all in one user")
+    parser.add_argument(
+        "--spread", default="1000000/1000", help="RECORDS/USERS,...: records over users of equal size"
+    )
+    parser.add_argument(
+        "--postgres-max",
+        type=int,
+        default=100_000,
+        help="larger stores are measured on SQLite only (Postgres fills at ~10^2 records/s here)",
+    )
     parser.add_argument("--stores", default="sqlite,postgres", help="backends, side by side at each size")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--ingest", type=int, default=10_000, help="records for the ingest measurement")
@@ -286,13 +325,18 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": [],
     }
     data = (texts, vectors, questions, qvectors)
+    memory_of = lambda url: Memory({"store": url}, embedder=embedder)  # noqa: E731
     names = [n for n in re.split(r"[,\s]+", args.stores) if n]
     with tempfile.TemporaryDirectory(dir=args.workdir) as workdir, backends(names, Path(workdir)) as made:
         for name in names:
             result["ingest"][name] = bench_ingest(made[name], texts, vectors, embedder, args.ingest)
-        for n in (int(s) for s in re.split(r"[,\s]+", args.sizes) if s):
+        cases = [(int(s), 1) for s in re.split(r"[,\s]+", args.sizes) if s]
+        cases += [tuple(int(x) for x in s.split("/")) for s in re.split(r"[,\s]+", args.spread) if s]
+        for n, users in cases:
             for name in names:  # side by side at each size
-                measured = bench_size(made[name], n, data, embedder, args.queries)
+                if name == "postgres" and n > args.postgres_max:
+                    continue
+                measured = bench_size(made[name], n, users, data, memory_of, args.queries)
                 result["sizes"].append({"store": name, **measured})
                 print(json.dumps(result["sizes"][-1]), flush=True)
     print(format_tables(result))
