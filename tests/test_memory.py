@@ -322,12 +322,20 @@ def test_sigkill_mid_add_leaves_no_partial_record(store_url, backend):
         stdout=subprocess.PIPE,
         text=True,
     )
-    committed = [proc.stdout.readline() for _ in range(10)]
+    watcher = open_store(store_url)  # a reader whose in-process indexes follow the writer as it goes
+    committed = []
+    for _ in range(10):
+        committed.append(proc.stdout.readline())
+        watcher.lexical("ann", "fact", 10_000)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     store = open_store(store_url)
     records = store.records("ann")
     assert len(records) >= len(committed)  # nothing committed was lost
+    every = sorted(r["id"] for r in records)  # each record's content is "fact N"
+    assert sorted(rid for rid, _ in watcher.lexical("ann", "fact", 10_000)) == every  # brought up to date
+    assert sorted(rid for rid, _ in store.lexical("ann", "fact", 10_000)) == every  # read from scratch
+    watcher.close()
     for r in records:  # and whatever is there is whole: index, vector and history entries with it
         assert store.history("ann", r["id"]) and store.candidates("ann", "fact", [r["keywords"][1]]) == [
             r["id"]
