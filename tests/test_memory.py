@@ -583,3 +583,11 @@ def test_get_all_filters_and_pages(memory):
         memory.get_all(user_id="ann", cursor="not-a-cursor")
     with pytest.raises(ValueError, match="limit"):
         memory.get_all(user_id="ann", limit=0)
+
+
+def test_lexical_index_holds_no_entry_for_users_without_records(tmp_path):
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    for i in range(100):
+        assert store.lexical(f"nobody-{i}", "hiking", 5) == []
+    assert store.lexicon.users == {}
+    store.close()

@@ -117,6 +117,8 @@ class LexicalIndex:
             hits = user.top(wanted, k)
             grown = user.size - before
         with self.lock:
+            if not user.ids and self.users.get(user_id) is user:  # no records: nothing worth keeping
+                del self.users[user_id]  # (searches for unknown users must not grow the map)
             self.held += grown
             if self.held > self.max_postings:  # (a running count; exact again before anyone is dropped)
                 self.held = sum(u.size for u in self.users.values())
