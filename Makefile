@@ -93,11 +93,13 @@ bench-retrieval: install
 	for memories in turns observations; do \
 		$(BIN)/dimmem eval retrieval --input $(SHARED)/locomo/locomo10.json --memories $$memories --k 5,10,20 \
 			--out runs/bench/retrieval-$$memories.json; \
+		$(BIN)/python -m eval.bench_lexical --memories $$memories; \
 	done
 
+# search by store and user size, both backends (Postgres up to 1e5 records: it fills at ~10^2 records/s here)
 bench-runtime: install
-	$(BIN)/python -m eval.bench_runtime --sizes 10000,100000 --stores sqlite,postgres --queries 200 --ingest 2000 \
-		--out runs/bench/runtime-backends.json
+	$(BIN)/python -m eval.bench_runtime --sizes 1000,10000,100000,1000000 --spread 100000/100,1000000/1000 \
+		--stores sqlite,postgres --postgres-max 100000 --queries 200 --ingest 2000 --out runs/bench/runtime.json
 
 # a 100k-window datagen output (generated once), and how fast the inspector opens its window list
 bench-inspect: install
