@@ -180,7 +180,8 @@ def check_invariants(memory: Memory, model: dict) -> None:
         held = [r[0] for r in db.execute("SELECT record_id FROM vectors WHERE user_id=?", (user,))]
         assert len(held) == len(set(held)) and set(held) == active
         memory.store.lexical(user, "anything", 1)  # brings the lexical index up to date
-        assert set(memory.store.lexicon.users[user].where) == active
+        held = memory.store.lexicon.users.get(user)  # (no entry for a user without active records)
+        assert set(held.where if held else ()) == active
         keywords = {
             r[0] for r in db.execute("SELECT record_id FROM record_keywords WHERE user_id=?", (user,))
         }
