@@ -414,9 +414,9 @@ def test_sigkill_during_adds_loses_no_acknowledged_add(tmp_path):
         body, ids = next(iter(acknowledged.values()))  # a retry of an acknowledged add finds nothing new
         status, again = call(port, "POST", "/v1/memories", A, body)
         assert status == 200 and again["events"] == [] and again["windows"] == 0, again
-        for body in unanswered:  # an add cut off by the kill completes on retry
-            status, retried = call(port, "POST", "/v1/memories", A, body)
-            assert status == 200 and len(retried["events"]) == len(body["messages"]), retried
+        for body in unanswered:  # an add cut off by the kill completes on retry (or had committed whole
+            status, retried = call(port, "POST", "/v1/memories", A, body)  # before its answer was lost)
+            assert status == 200 and len(retried["events"]) in (0, len(body["messages"])), retried
             status, page = call(
                 port,
                 "GET",
