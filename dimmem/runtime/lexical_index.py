@@ -43,7 +43,7 @@ class _User:
         self.where: dict[str, int] = {}  # record id -> its live position
         self.alive, self.dl = array("b"), array("i")
         self.postings: dict[str, tuple[array, array]] = {}
-        self.docs = self.tokens = self.size = 0
+        self.tokens = self.size = 0  # live records' terms; postings held (tombstoned ones too)
 
     def add(self, record: dict) -> None:
         counts = lexical.document(record)
@@ -59,18 +59,19 @@ class _User:
         self.where[record["id"]] = position
         self.alive.append(1)
         self.dl.append(dl)
-        self.docs, self.tokens, self.size = self.docs + 1, self.tokens + dl, self.size + len(counts)
+        self.tokens, self.size = self.tokens + dl, self.size + len(counts)
 
     def drop(self, record_id: str) -> None:
         position = self.where.pop(record_id, None)
         if position is not None:
             self.alive[position] = 0
-            self.docs, self.tokens = self.docs - 1, self.tokens - self.dl[position]
+            self.tokens -= self.dl[position]
 
     def top(self, wanted: list[str], k: int) -> list[tuple[str, float]]:
         alive = np.frombuffer(self.alive, dtype=np.int8)
         dl = np.frombuffer(self.dl, dtype=np.int32)
-        n, avgdl = max(self.docs, 1), max(self.tokens / max(self.docs, 1), 1.0)
+        n = max(len(self.where), 1)  # the live records
+        avgdl = max(self.tokens / n, 1.0)
         all_positions, all_weights = [], []
         for term in wanted:  # in term order: each record's score sums its terms in the same order
             if term not in self.postings:

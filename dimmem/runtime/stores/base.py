@@ -138,6 +138,14 @@ class Store(Protocol):
     def dense(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """The k active records nearest by cosine: (id, similarity), best first."""
 
+    def lexical_stamp(self, user_id: str) -> tuple[int, int]:
+        """(epoch, seq): the user's last change to what the lexical index holds; `seq` grows with every
+        index or unindex of a record, `epoch` when the user is replaced wholesale (`load(replace=True)`)."""
+
+    def lexical_changes(self, user_id: str, after: int) -> list[dict]:
+        """The records whose index state changed after change number `after` (0: the active records), in
+        change order: id, status and the indexed fields (`lexical.document`)."""
+
     def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
         """Active records whose time overlaps the day span, the latest-starting first."""
 
