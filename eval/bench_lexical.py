@@ -26,7 +26,7 @@ import numpy as np
 
 from dimmem.contract.loaders import load_conversations
 from dimmem.paths import shared_data
-from dimmem.runtime.embed import Embedder
+from dimmem.runtime.embed import make_embedder
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     conversations = load_conversations("locomo", args.locomo)
     make_records = turn_records if args.memories == "turns" else observation_records
-    embedder = Embedder()
+    embedder = make_embedder()
     recalls: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder:
         server = start_embedded(Path(folder) / "pg", durable=False)

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.paths import shared_data, write_json
-from dimmem.runtime.embed import Embedder
+from dimmem.runtime.embed import TextEncoder, make_embedder
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
@@ -46,7 +46,7 @@ from eval.retrieval import observation_records
 TYPES = ("episodic", "fact", "profile")
 
 
-def corpus(locomo: Path, embedder: Embedder) -> tuple[list[str], np.ndarray, list[str], np.ndarray, list]:
+def corpus(locomo: Path, embedder: TextEncoder) -> tuple[list[str], np.ndarray, list[str], np.ndarray, list]:
     """LoCoMo turn texts with their vectors, and questions (categories 1-4) with theirs."""
     conversations = load_conversations("locomo", locomo)
     texts = [f"{t.speaker}: {t.text}" for c in conversations for t in c.turns]
@@ -149,7 +149,9 @@ def backends(names: list[str], workdir: Path) -> Iterator[dict]:
             server.stop()
 
 
-def bench_size(backend: tuple, n: int, users: int, data: tuple, memory_of, queries: int) -> dict:
+def bench_size(
+    backend: tuple, n: int, users: int, data: tuple, memory_of, queries: int, before_embedder: TextEncoder
+) -> dict:
     """Fill a fresh store of `backend` with n records over `users` users, then time each path and the
     whole search on the same queries (each to a user drawn at random)."""
     fresh, size_of = backend
@@ -219,11 +221,16 @@ def bench_size(backend: tuple, n: int, users: int, data: tuple, memory_of, queri
         [(u, q) for u, q, _ in asked],
     )
     result["search"] = percentiles(searches)
+    for key, embedder in (("query_embedding", memory.embedder), ("query_embedding_before", before_embedder)):
+        _, samples = timed(lambda q, e=embedder: e.encode([q]), [(q,) for _, q, _ in asked])
+        result[key] = percentiles(samples)
     memory.close()
     return result
 
 
-def bench_ingest(backend: tuple, texts: list[str], vectors: np.ndarray, embedder: Embedder, n: int) -> dict:
+def bench_ingest(
+    backend: tuple, texts: list[str], vectors: np.ndarray, embedder: TextEncoder, n: int, label: str
+) -> dict:
     """Records/s into a fresh store, embeddings included (no extractor), as given and through the update
     path."""
     fresh, _ = backend
@@ -231,7 +238,7 @@ def bench_ingest(backend: tuple, texts: list[str], vectors: np.ndarray, embedder
     out = {}
     for consolidate in (False, True):
         key = "with_update" if consolidate else "without_update"
-        memory = Memory({"store": fresh(f"ingest_{key}")}, embedder=embedder)
+        memory = Memory({"store": fresh(f"ingest_{label}_{key}")}, embedder=embedder)
         start = time.perf_counter()
         for i in range(0, n, 500):
             memory.add_records(rows[i : i + 500], user_id="ingest", consolidate=consolidate)
@@ -240,7 +247,7 @@ def bench_ingest(backend: tuple, texts: list[str], vectors: np.ndarray, embedder
     return out
 
 
-def bench_update(conversations, embedder: Embedder) -> dict:
+def bench_update(conversations, embedder: TextEncoder) -> dict:
     """Embedding comparisons of the update path on LoCoMo observations vs comparing with every record."""
     memory = Memory({"store": ":memory:"}, embedder=embedder)
     for conv in conversations:
@@ -258,27 +265,44 @@ def bench_update(conversations, embedder: Embedder) -> dict:
 
 
 def format_tables(result: dict) -> str:
+    """Latency (each component before -> after, side by side in the run), then fill and size."""
     lines = [
-        "| records / users | store | MB on disk (B/record) | fill rec/s | BM25 before (FTS5) p50/p95 ms | "
-        "BM25 p50/p95 ms | dense p50/p95 ms (recall@10) | dimension p50/p95 ms | search p50/p95 ms | "
-        "first search p50/p95 ms |",
-        "|" + "---|" * 10,
+        "| records / users | store | query embedding ms torch -> onnx | BM25 ms FTS5 -> per-user index | "
+        "dense ms (recall@10) | dimension ms | whole search ms | first search ms |",
+        "|" + "---|" * 8,
     ]
     for r in result["sizes"]:
         pp = lambda key, r=r: f"{r[key]['p50_ms']} / {r[key]['p95_ms']}" if key in r else "-"  # noqa: E731
         lines.append(
-            f"| {r['records']:,} / {r['users']:,} | {r['store']} | {r['store_bytes'] / 1e6:,.0f} "
-            f"({r['store_bytes_per_record']:,}) | {r['fill_records_per_s']:,} | {pp('bm25_fts5')} | "
-            f"{pp('bm25')} | {pp('dense')} ({r['dense_recall@10']}) | {pp('dimension')} | {pp('search')} | "
+            f"| {r['records']:,} / {r['users']:,} | {r['store']} | {pp('query_embedding_before')} -> "
+            f"{pp('query_embedding')} | {pp('bm25_fts5')} -> {pp('bm25')} | "
+            f"{pp('dense')} ({r['dense_recall@10']}) | {pp('dimension')} | {pp('search')} | "
             f"{pp('first_search')} |"
         )
-    lines += ["", f"MiniLM alone: {result['embedding_records_per_s']:,} records/s"]
-    for name, ingest in result["ingest"].items():
+    lines += [
+        "",
+        "(p50 / p95 ms)",
+        "",
+        "| records / users | store | MB on disk (B/record) | fill records/s |",
+    ]
+    lines.append("|---|---|---|---|")
+    for r in result["sizes"]:
         lines.append(
-            f"ingest into {name}, embeddings included: "
-            f"{ingest['ingest_records_per_s_without_update']:,} records/s stored as given, "
-            f"{ingest['ingest_records_per_s_with_update']:,} records/s through the update path"
+            f"| {r['records']:,} / {r['users']:,} | {r['store']} | {r['store_bytes'] / 1e6:,.0f} "
+            f"({r['store_bytes_per_record']:,}) | {r['fill_records_per_s']:,} |"
         )
+    lines += ["", "| ingest with embeddings, records/s | store | as given | through the update path |"]
+    lines.append("|---|---|---|---|")
+    for name, by_embedder in result["ingest"].items():
+        for embedder, ingest in by_embedder.items():
+            lines.append(
+                f"| {embedder} | {name} | {ingest['ingest_records_per_s_without_update']:,} | "
+                f"{ingest['ingest_records_per_s_with_update']:,} |"
+            )
+    lines.append(
+        "embedder alone, records/s: "
+        + ", ".join(f"{k} {v:,}" for k, v in result["embedding_records_per_s"].items())
+    )
     update = result["update"]
     lines.append(
         f"update on LoCoMo observations ({update['records']:,} records): "
@@ -314,12 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
-    embedder = Embedder()
+    embedder = make_embedder()
+    before_embedder = make_embedder(backend="torch")  # the query embedder before: sentence-transformers
     texts, vectors, questions, qvectors, conversations = corpus(Path(args.locomo), embedder)
-    start = time.perf_counter()
-    embedder.encode(texts[: args.ingest])
+    embedders = {"onnx": embedder, "torch": before_embedder}
+    rates = {}
+    for name, each in embedders.items():
+        start = time.perf_counter()
+        for i in range(0, min(args.ingest, len(texts)), 64):  # the runtime's batches
+            each.encode(texts[i : min(i + 64, args.ingest)])
+        rates[name] = round(min(args.ingest, len(texts)) / (time.perf_counter() - start))
     result = {
-        "embedding_records_per_s": round(min(args.ingest, len(texts)) / (time.perf_counter() - start)),
+        "embedding_records_per_s": rates,
         "update": bench_update(conversations, embedder),
         "ingest": {},
         "sizes": [],
@@ -329,14 +359,17 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in re.split(r"[,\s]+", args.stores) if n]
     with tempfile.TemporaryDirectory(dir=args.workdir) as workdir, backends(names, Path(workdir)) as made:
         for name in names:
-            result["ingest"][name] = bench_ingest(made[name], texts, vectors, embedder, args.ingest)
+            result["ingest"][name] = {
+                key: bench_ingest(made[name], texts, vectors, each, args.ingest, key)
+                for key, each in embedders.items()
+            }
         cases = [(int(s), 1) for s in re.split(r"[,\s]+", args.sizes) if s]
         cases += [tuple(int(x) for x in s.split("/")) for s in re.split(r"[,\s]+", args.spread) if s]
         for n, users in cases:
             for name in names:  # side by side at each size
                 if name == "postgres" and n > args.postgres_max:
                     continue
-                measured = bench_size(made[name], n, users, data, memory_of, args.queries)
+                measured = bench_size(made[name], n, users, data, memory_of, args.queries, before_embedder)
                 result["sizes"].append({"store": name, **measured})
                 print(json.dumps(result["sizes"][-1]), flush=True)
     print(format_tables(result))

@@ -35,9 +35,9 @@ def words():
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.runtime.embed import Embedder
+    from dimmem.runtime.embed import make_embedder
 
-    return Embedder()
+    return make_embedder()
 
 
 class WordEmbedder:

@@ -12,7 +12,16 @@ import pytest
 from dimmem.paths import REPO_ROOT
 
 # what a stage or the embedder needs; none of it may load for help or windowing
-HEAVY = ("torch", "transformers", "trl", "deepspeed", "matplotlib", "sentence_transformers", "datasets")
+HEAVY = (
+    "torch",
+    "transformers",
+    "trl",
+    "deepspeed",
+    "matplotlib",
+    "sentence_transformers",
+    "datasets",
+    "onnxruntime",
+)
 # `python -X importtime` writes one stderr line per module: "import time: self | cumulative | name"
 IMPORT_LINE = re.compile(r"^import time:\s+\d+\s+\|\s+\d+\s+\|\s*(?P<module>\S+)\s*$")
 

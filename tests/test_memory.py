@@ -58,9 +58,9 @@ JAZZ = rec(
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.runtime.embed import Embedder
+    from dimmem.runtime.embed import make_embedder
 
-    return Embedder()
+    return make_embedder()
 
 
 @pytest.fixture

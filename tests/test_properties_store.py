@@ -38,9 +38,9 @@ class CachedEmbedder:
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.runtime.embed import Embedder
+    from dimmem.runtime.embed import make_embedder
 
-    return CachedEmbedder(Embedder())
+    return CachedEmbedder(make_embedder())
 
 
 def records(user: str):

@@ -42,9 +42,9 @@ CHAT = [
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.runtime.embed import Embedder
+    from dimmem.runtime.embed import make_embedder
 
-    return Embedder()
+    return make_embedder()
 
 
 WORKERS = "postgres, 2 workers"

@@ -30,6 +30,31 @@ class RetrievalConfig(Section):
     )
 
 
+class EmbedderConfig(Section):
+    """The dense embedder (`dimmem.runtime.embed`); BENCHMARKS.md compares the backends and precisions."""
+
+    model: str | None = Field(
+        None, description="sentence-transformers name or folder; null: all-MiniLM-L6-v2 (shipped offline)"
+    )
+    backend: Literal["onnx", "torch"] = Field(
+        "onnx",
+        description="onnx: ONNX Runtime over a cached export (same vectors); torch: sentence-transformers",
+    )
+    precision: Literal["fp32", "int8"] = Field(
+        "fp32", description="int8: a quantized export (onnx only): faster, vectors at cosine ~0.99"
+    )
+    threads: int | None = Field(
+        None, ge=1, description="intra-op threads of this process (each worker); null: every core"
+    )
+    batch_size: int = Field(64, ge=1, description="texts per model call")
+
+    @model_validator(mode="after")
+    def _supported(self) -> EmbedderConfig:
+        if self.precision == "int8" and self.backend != "onnx":
+            raise ValueError("embedder: precision int8 needs backend onnx")
+        return self
+
+
 class UpdateConfig(Section):
     similarity_threshold: float = Field(
         0.6, description="consolidate with the closest candidate from this cosine on"
@@ -70,9 +95,7 @@ class MemoryConfig(Section):
         None,
         description="environment variable holding the store URL (no password in the file); wins over `store`",
     )
-    embedder: str | None = Field(
-        None, description="sentence-transformers name or folder; null: all-MiniLM-L6-v2"
-    )
+    embedder: EmbedderConfig = EmbedderConfig()
     model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
     extractor: Literal["model", "replay", "turns"] = "turns"
     labels: str | None = Field(None, description="a data_gen labels.jsonl for the replay extractor")
@@ -82,6 +105,11 @@ class MemoryConfig(Section):
     retrieval: RetrievalConfig = RetrievalConfig()
     update: UpdateConfig = UpdateConfig()
     pool: PoolConfig = PoolConfig()
+
+    @field_validator("embedder", mode="before")
+    @classmethod
+    def _embedder_by_name(cls, value):
+        return {"model": value} if isinstance(value, str) else value  # `embedder: NAME`, the short form
 
     @field_validator("store")
     @classmethod
@@ -131,9 +159,9 @@ class MemoryConfig(Section):
         return ModelClient(self.model)
 
     def build_embedder(self):
-        from dimmem.runtime.embed import Embedder
+        from dimmem.runtime.embed import make_embedder
 
-        return Embedder(self.embedder)
+        return make_embedder(**self.embedder.model_dump())
 
     def build_extractor(self, client=None):
         from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor, TurnExtractor

@@ -42,8 +42,9 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
   and version under `BEGIN IMMEDIATE`: a target deleted or changed meanwhile means a fresh decision, at
   worst KEEP_BOTH), per turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`,
   `history`) only for their store calls. Consolidation decisions (a model call, maybe) run outside it.
-- One embedder lock: embeddings are computed outside the store lock, at most `EMBED_BATCH` texts per
-  hold.
+- One embedder, behind a `Batcher`: embeddings are computed outside the store lock, at most
+  `EMBED_BATCH` texts per model call; the query embeddings of concurrent searches (and an add's batch)
+  that queue behind one call share the next.
 - Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
 So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
 processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
@@ -77,7 +78,7 @@ from dimmem.contract.validate import TurnScope, validate
 from dimmem.contract.windows import Window, _fit, make_windows
 from dimmem.runtime.config import MemoryConfig
 from dimmem.runtime.consolidate import MEMORY_FIELDS, decision_scope
-from dimmem.runtime.embed import Embedder
+from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
@@ -132,7 +133,7 @@ class Memory:
         self,
         config: MemoryConfig | dict | None = None,
         *,
-        embedder: Embedder | None = None,
+        embedder: TextEncoder | None = None,
         extractor: Extractor | None = None,
         query_parser: Callable[[str, str | None], dict] | None = None,
         consolidator: Callable[[dict, dict, float], dict] | None = None,
@@ -167,7 +168,7 @@ class Memory:
         self._store_lock: AbstractContextManager = (
             threading.RLock() if self.store.serialized else nullcontext()
         )
-        self._embed_lock = threading.Lock()  # the embedder: held per batch of at most EMBED_BATCH texts
+        self._embedder = Batcher(self.embedder.encode, EMBED_BATCH)  # concurrent requests share a call
 
     @classmethod
     def from_config(
@@ -436,14 +437,11 @@ class Memory:
         return current
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        """Embeddings, EMBED_BATCH texts per hold of the embedder lock."""
+        """Embeddings, at most EMBED_BATCH texts per model call."""
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        parts = []
-        for start in range(0, len(texts), EMBED_BATCH):
-            with self._embed_lock:
-                parts.append(self.embedder.encode(texts[start : start + EMBED_BATCH]))
-        return np.concatenate(parts)
+        step = range(0, len(texts), EMBED_BATCH)
+        return np.concatenate([self._embedder.encode(texts[i : i + EMBED_BATCH]) for i in step])
 
     # --- reads --------------------------------------------------------------------------------------
     def get(self, memory_id: str, *, user_id: str) -> dict | None:
