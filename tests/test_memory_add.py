@@ -32,9 +32,9 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def embedder():
-    from dimmem.runtime.embed import Embedder
+    from dimmem.runtime.embed import make_embedder
 
-    return Embedder()
+    return make_embedder()
 
 
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}  # as configs/memory/served*.yaml set it
@@ -201,6 +201,27 @@ def test_dense_path_follows_appends_removals_and_other_writers(embedder, memory_
     b.delete("c2/w0000#m1", user_id="ann")
     assert "c2/w0000#m1" not in dict(a.store.dense("ann", chewed, 10))  # a removal reloads
     assert a.store.dense("bob", query, 10) == []
+
+
+def test_the_dense_path_reads_committed_vectors_while_another_thread_writes(tmp_path, embedder):
+    """SQLite: the dense index reads the file through its own connection, so a search's dense path runs
+    while another thread holds the runtime's store lock in an open write, and sees only what is
+    committed; an in-memory store has one connection and serializes it instead."""
+    memory = Memory({"store": str(tmp_path / "m.sqlite")}, embedder=embedder)
+    memory.add(MESSAGES, user_id="ann", conversation_id="c1")
+    store, query = memory.store, embedder.encode(["a beagle chewing a toy"])[0]
+    assert (
+        store.concurrent_dense and not Memory({"store": ":memory:"}, embedder=embedder).store.concurrent_dense
+    )
+    record = {**store.get("ann", "c1/w0000#m1"), "id": "chewed", "content": "Biscuit chewed a toy."}
+    with memory._store_lock, store.transaction():  # a write in flight in this thread
+        store.insert("ann", record, query)
+        during = memory._helpers.submit(store.dense, "ann", query, 5).result(timeout=10)
+    assert "chewed" not in dict(during)  # not committed yet: not seen
+    assert store.dense("ann", query, 1)[0][0] == "chewed"
+    result = memory.search("beagle chewing toy", user_id="ann", k=3)
+    assert result.hits[0].record["id"] == "chewed" and result.hits[0].paths["dense"]["rank"] == 1
+    memory.close()
 
 
 def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):  # SQLite's in-process index only

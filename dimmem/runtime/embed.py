@@ -327,6 +327,9 @@ def _session(folder: Path, precision: str, threads: int | None):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # idle threads sleep instead of spinning: a spinning pool steals the cores the other retrieval
+    # paths (BLAS, SQLite) need right after a query's embedding
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

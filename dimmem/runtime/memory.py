@@ -60,6 +60,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import groupby
@@ -88,6 +89,7 @@ from dimmem.runtime.stores.base import RecordStateError
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
 
 EMBED_BATCH = 64  # texts per embedder call: the longest a search waits for the embedder
+SEARCH_HELPERS = 8  # threads embedding concurrent searches' queries (what queues there, the Batcher folds)
 CONSOLIDATION_ATTEMPTS = 3  # fresh decisions when the target changed meanwhile, then KEEP_BOTH
 
 
@@ -169,6 +171,8 @@ class Memory:
             threading.RLock() if self.store.serialized else nullcontext()
         )
         self._embedder = Batcher(self.embedder.encode, EMBED_BATCH)  # concurrent requests share a call
+        # searches' query embeddings, overlapping their other paths (threads start on first use)
+        self._helpers = ThreadPoolExecutor(max_workers=SEARCH_HELPERS, thread_name_prefix="dimmem-search")
 
     @classmethod
     def from_config(
@@ -498,9 +502,8 @@ class Memory:
         parsed: dict | None = None,
     ) -> SearchResult:
         parsed = parsed or self.query_parser(query, reference_date)
-        vector = self._encode([query])[0]
+        paths = self.paths(query, user_id, parsed)
         with self._store_lock:
-            paths = self.paths(query, user_id, parsed, vector)
             hits = fuse(self.store, user_id, paths, parsed, k, self.config.retrieval.weights)
             self.stats["searches"] += 1
             context = []
@@ -514,18 +517,27 @@ class Memory:
         return SearchResult(parsed, hits, context)
 
     def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
-        """Each retrieval path's ranking on its own: [(record id, score)], best first."""
-        vector = self._encode([query])[0] if query_vector is None else query_vector
+        """Each retrieval path's ranking on its own: [(record id, score)], best first. The query's
+        embedding (unless given) is computed by a helper thread while the lexical and dimension paths
+        run: they need no vector. The dense path follows the embedding in that thread, under no lock of
+        this runtime's where the store allows it (`Store.concurrent_dense`)."""
         depth = self.config.retrieval.depth
+        dense_lock = nullcontext() if self.store.concurrent_dense else self._store_lock
+
+        def dense() -> list[tuple[str, float]]:
+            vector = self._encode([query])[0] if query_vector is None else query_vector
+            with dense_lock:
+                return self.store.dense(user_id, vector, depth)
+
+        pending = self._helpers.submit(dense)
         with self._store_lock:
-            return {
-                "bm25": self.store.lexical(user_id, lexical_terms(query), depth),
-                "dense": self.store.dense(user_id, vector, depth),
-                "dimension": dimension_path(self.store, user_id, parsed, depth),
-            }
+            bm25 = self.store.lexical(user_id, lexical_terms(query), depth)
+            dimension = dimension_path(self.store, user_id, parsed, depth)
+        return {"bm25": bm25, "dense": pending.result(), "dimension": dimension}
 
     def close(self) -> None:
-        """Close the store (its connection or pool)."""
+        """Close the store (its connection or pool) and the helper threads."""
+        self._helpers.shutdown()
         self.store.close()
 
     # --- export / import ----------------------------------------------------------------------------

@@ -84,12 +84,21 @@ def fuse(
     k: int,
     weights: dict[str, float] | None = None,
 ) -> list[Hit]:
+    """The top `k` of RRF, records dated outside the query's time (if it states one) after the rest, each
+    group in RRF order. Records are read a few more than `k` at a time, in fused order, only until `k`
+    are known to come first: a search reads about `k` records, not every candidate of every path."""
     fused = rrf(paths, weights)
-    records = store.get_many(user_id, [rid for rid, _, _ in fused])
-    hits = [Hit(records[rid], score, per_path) for rid, score, per_path in fused if rid in records]
     span = parse_span(query["time"]) if query.get("time") else None
-
-    def dated_elsewhere(hit: Hit) -> bool:
-        return bool(span and hit.record.get("time") and not overlaps(span, parse_span(hit.record["time"])))
-
-    return sorted(hits, key=dated_elsewhere)[:k]  # stable: RRF order within each group
+    first, dated_elsewhere = [], []
+    step = max(2 * k, 20)
+    for start in range(0, len(fused), step):
+        chunk = fused[start : start + step]
+        records = store.get_many(user_id, [rid for rid, _, _ in chunk])
+        for rid, score, per_path in chunk:
+            if rid in records:  # (removed since the paths ranked it: skipped)
+                record = records[rid]
+                elsewhere = span and record.get("time") and not overlaps(span, parse_span(record["time"]))
+                (dated_elsewhere if elsewhere else first).append(Hit(record, score, per_path))
+        if len(first) >= k:
+            break
+    return (first + dated_elsewhere)[:k]

@@ -38,6 +38,9 @@ class Store(Protocol):
 
     serialized: bool
     """True: one connection, callers serialize their calls (SQLite); False: a pool, call from any thread."""
+    concurrent_dense: bool
+    """True: `dense` may run from any thread while other calls hold the caller's lock (it reads through
+    a connection of its own); False: serialize it like every other call."""
     url: str
     """Where the store lives: a SQLite path or a postgresql:// URL (show it through `redacted`)."""
 

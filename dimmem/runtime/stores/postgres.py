@@ -119,6 +119,7 @@ def migrations() -> list[tuple[int, str, str]]:
 
 class PostgresStore:
     serialized = False  # a pool: any thread may call at any time
+    concurrent_dense = True
 
     def __init__(
         self,

@@ -146,6 +146,15 @@ class SQLiteStore:
             self.migrate()
         # the dense and lexical paths: each user's vectors and postings in memory, kept in step with the
         # file (`index_state`)
+        # the dense index reads the file through a connection of its own (WAL: it sees what is committed,
+        # never another thread's open transaction), so a search's dense path needs no caller's lock;
+        # an in-memory database has one connection only
+        self.concurrent_dense = str(path) != ":memory:"
+        self._index_db = self.db
+        if self.concurrent_dense:
+            self._index_db = sqlite3.connect(
+                str(path), isolation_level=None, timeout=timeout, check_same_thread=False
+            )
         self.index = VectorIndex(self, ann_min_records=ann_min_records)
         self.lexicon = LexicalIndex(self)
 
@@ -182,6 +191,8 @@ class SQLiteStore:
         self.db.execute("COMMIT")
 
     def close(self) -> None:
+        if self._index_db is not self.db:
+            self._index_db.close()
         self.db.close()
 
     # --- writes (call inside `transaction()`) ------------------------------------------------------
@@ -549,7 +560,7 @@ class SQLiteStore:
 
     def vector_state(self, user_id: str) -> tuple[int, int]:
         """(vectors appended, vectors removed) so far for the user: a change stamp for in-memory indexes."""
-        row = self.db.execute(
+        row = self._index_db.execute(
             "SELECT appended, removed FROM index_state WHERE user_id=?", (user_id,)
         ).fetchone()
         return (row[0], row[1]) if row else (0, 0)
@@ -557,7 +568,7 @@ class SQLiteStore:
     def vectors_after(self, user_id: str, rowid: int) -> tuple[list[int], list[str], np.ndarray]:
         """The user's vectors stored after `rowid` (0: all), in storage order: (rowids, record ids,
         matrix)."""
-        rows = self.db.execute(
+        rows = self._index_db.execute(
             "SELECT rowid, record_id, vec FROM vectors WHERE user_id=? AND rowid>? ORDER BY rowid",
             (user_id, rowid),
         ).fetchall()
