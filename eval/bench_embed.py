@@ -31,7 +31,7 @@ from eval.bench_runtime import percentiles
 from eval.retrieval import run_locomo
 
 VARIANTS = {
-    "torch": {"backend": "torch"},
+    "torch": {"backend": "torch", "batch_size": 64},  # as the runtime embedded before
     "onnx fp32": {"backend": "onnx"},
     "onnx int8": {"backend": "onnx", "precision": "int8"},
 }

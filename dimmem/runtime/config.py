@@ -46,7 +46,9 @@ class EmbedderConfig(Section):
     threads: int | None = Field(
         None, ge=1, description="intra-op threads of this process (each worker); null: every core"
     )
-    batch_size: int = Field(64, ge=1, description="texts per model call")
+    batch_size: int = Field(
+        16, ge=1, description="texts per forward pass (shortest first: small batches pad least)"
+    )
 
     @model_validator(mode="after")
     def _supported(self) -> EmbedderConfig:

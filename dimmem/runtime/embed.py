@@ -91,7 +91,7 @@ class OnnxEmbedder:
         name_or_path: str | None = None,
         precision: str = "fp32",
         threads: int | None = None,
-        batch_size: int = 64,
+        batch_size: int = 16,
     ):
         self.name = name_or_path or default_model_path()
         if precision not in ("fp32", "int8"):
@@ -144,7 +144,7 @@ def make_embedder(
     backend: str = "onnx",
     precision: str = "fp32",
     threads: int | None = None,
-    batch_size: int = 64,
+    batch_size: int = 16,
 ):
     """The embedder a memory config names (`MemoryConfig.embedder`)."""
     if backend == "torch":
