@@ -98,6 +98,7 @@ bench-retrieval: install
 
 # search by store and user size, both backends (Postgres up to 1e5 records: it fills at ~10^2 records/s here)
 bench-runtime: install
+	$(BIN)/python -m eval.bench_embed --out runs/bench/embed.json
 	$(BIN)/python -m eval.bench_runtime --sizes 1000,10000,100000,1000000 --spread 100000/100,1000000/1000 \
 		--stores sqlite,postgres --postgres-max 100000 --queries 200 --ingest 2000 --out runs/bench/runtime.json
 

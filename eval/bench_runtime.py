@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         backend="torch", batch_size=64
     )  # the embedder before: sentence-transformers
     texts, vectors, questions, qvectors, conversations = corpus(Path(args.locomo), embedder)
-    embedders = {"onnx": embedder, "torch": before_embedder}
+    embedders = {"onnx": embedder, "onnx_int8": make_embedder(precision="int8"), "torch": before_embedder}
     rates = {}
     for name, each in embedders.items():
         each.encode(["warm-up"])  # loaded before it is timed

@@ -26,6 +26,7 @@ from dimmem.runtime.lexical_index import LexicalIndex
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
 from dimmem.runtime.stores.sqlite import SQLiteStore
+from dimmem.runtime.vector_index import VectorIndex
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +140,28 @@ def lexical_problems(memory: Memory) -> list[str]:
     return problems
 
 
+def dense_problems(memory: Memory) -> list[str]:
+    """SQLite: the store's long-lived dense index, brought up to date incrementally, holds exactly the
+    active records and ranks as an index read from scratch does (Postgres searches in the database)."""
+    store = memory.store
+    if not isinstance(store, SQLiteStore):
+        return []
+    problems, fresh = [], VectorIndex(store)
+    for user in store.users():
+        active = sorted(r["id"] for r in store.records(user))
+        ids, matrix = store.vectors(user, active)
+        for vector in matrix[:20]:
+            if store.dense(user, vector, 10) != fresh.search(user, vector, 10):
+                problems.append(f"{user}: a vector ranks otherwise than from scratch")
+        held = store.index.users.get(user)
+        if ids != active or (held is not None and sorted(held.ids) != active):
+            problems.append(f"{user}: vectors {ids}, the dense index holds {held and sorted(held.ids)}")
+    return problems
+
+
 def check(memory: Memory) -> None:
     assert lexical_problems(memory) == []
+    assert dense_problems(memory) == []
     if isinstance(memory.store, SQLiteStore):
         with memory._store_lock:
             assert index_problems(memory.store.db) == []

@@ -98,7 +98,7 @@ class OnnxEmbedder:
             raise ValueError(f"embedder precision {precision!r}: expected fp32 or int8")
         self.precision, self.threads, self.batch_size = precision, threads, batch_size
         self.folder = _local_folder(self.name)
-        self.max_length = _mean_pooled_max_length(self.folder)
+        self.max_length, self.dim = _mean_pooled_shape(self.folder)
         self._session = None
         self._tokenizer = None
         self._load_lock = threading.Lock()
@@ -106,11 +106,10 @@ class OnnxEmbedder:
     def encode(self, texts: list[str]) -> np.ndarray:
         """Unit-length float32 rows, as `Embedder.encode` gives them for the same model."""
         texts = list(texts)
-        session, tokenizer = self._loaded()
-        dim = session.get_outputs()[0].shape[-1]
-        out = np.zeros((len(texts), dim if isinstance(dim, int) else 384), dtype=np.float32)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
+        session, tokenizer = self._loaded()
         # shortest first, as sentence-transformers does: each batch is padded to its own longest text
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self.batch_size):
@@ -225,9 +224,9 @@ def _local_folder(name_or_path: str) -> Path:
     return Path(snapshot_download(name_or_path))
 
 
-def _mean_pooled_max_length(folder: Path) -> int:
-    """The model's token limit, after checking it is Transformer + mean pooling (+ Normalize): what the
-    ONNX backend reproduces."""
+def _mean_pooled_shape(folder: Path) -> tuple[int, int]:
+    """The model's token limit and vector size, after checking it is Transformer + mean pooling
+    (+ Normalize): what the ONNX backend reproduces."""
     refuse = (
         f"{folder}: the onnx embedder runs Transformer + mean-pooling models; use embedder.backend: torch"
     )
@@ -236,6 +235,7 @@ def _mean_pooled_max_length(folder: Path) -> int:
         kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
         pooling = json.loads((folder / modules[1]["path"] / "config.json").read_text())
         settings = json.loads((folder / "sentence_bert_config.json").read_text())
+        shape = int(settings.get("max_seq_length") or 512), int(pooling["word_embedding_dimension"])
     except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
         raise ValueError(f"{refuse} ({err})") from None
     modes = {k for k, v in pooling.items() if k.startswith("pooling_mode_") and v}
@@ -247,7 +247,7 @@ def _mean_pooled_max_length(folder: Path) -> int:
         raise ValueError(f"{refuse} (modules {kinds}, pooling {sorted(modes)})")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{refuse} (no tokenizer.json)")
-    return int(settings.get("max_seq_length") or 512)
+    return shape
 
 
 def _fingerprint(folder: Path) -> str:
@@ -267,7 +267,12 @@ def onnx_model(folder: Path, precision: str = "fp32") -> Path:
     path = target / f"model-{precision}.onnx"
     if path.is_file():
         return path
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(
+            f"the ONNX embedder exports into {target}: {err} (set DIMMEM_CACHE elsewhere)"
+        ) from None
     with open(target / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.is_file():

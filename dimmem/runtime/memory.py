@@ -46,6 +46,9 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
   `EMBED_BATCH` texts per model call; the query embeddings of concurrent searches (and an add's batch)
   that queue behind one call share the next.
 - Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
+- A search embeds its query and runs the dense path in a helper thread while it runs the lexical and
+  dimension paths under the store lock; the dense path takes no store lock where the store reads its
+  vectors through a connection of its own (`Store.concurrent_dense`).
 So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
 processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
 one user on Postgres, in any process, by the user's row lock (`stores.postgres`).

@@ -145,10 +145,9 @@ class SQLiteStore:
         if migrate:
             self.migrate()
         # the dense and lexical paths: each user's vectors and postings in memory, kept in step with the
-        # file (`index_state`)
-        # the dense index reads the file through a connection of its own (WAL: it sees what is committed,
-        # never another thread's open transaction), so a search's dense path needs no caller's lock;
-        # an in-memory database has one connection only
+        # file (`index_state`). The dense index reads the file through a connection of its own (WAL: what
+        # is committed, never another thread's open transaction), so a search's dense path needs no
+        # caller's lock; an in-memory database has one connection only
         self.concurrent_dense = str(path) != ":memory:"
         self._index_db = self.db
         if self.concurrent_dense:
