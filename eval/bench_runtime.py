@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sqlite3
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -113,16 +114,23 @@ def exact_top(matrix: np.ndarray, qvectors: np.ndarray, k: int = 10) -> list[set
 
 @contextmanager
 def backends(names: list[str], workdir: Path) -> Iterator[dict]:
-    """backend -> (a fresh store's URL by name, a store's size on disk in bytes by name): SQLite files in
-    `workdir`, and databases on one embedded Postgres (durable, as deployed) whose runtime connects as
-    its login role."""
+    """backend -> (a fresh store's URL by name, a store's size on disk in bytes by name, what settles a
+    filled store before it is measured): SQLite files in `workdir` (the write-ahead log folded into the
+    file), and databases on one embedded Postgres (durable, as deployed) whose runtime connects as its
+    login role (planner statistics gathered, as autovacuum does in a running database)."""
     from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
 
     made: dict = {}
     if "sqlite" in names:
+
+        def checkpoint(name: str) -> None:
+            with closing(sqlite3.connect(workdir / f"{name}.sqlite")) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
         made["sqlite"] = (
             lambda name: str(workdir / f"{name}.sqlite"),
             lambda name: sum(p.stat().st_size for p in workdir.glob(f"{name}.sqlite*")),
+            checkpoint,
         )
     server = start_embedded(workdir / "pg") if "postgres" in names else None
     try:
@@ -142,7 +150,13 @@ def backends(names: list[str], workdir: Path) -> Iterator[dict]:
                         "WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'"
                     ).fetchone()[0]
 
-            made["postgres"] = (fresh, size)
+            def settle(name: str) -> None:
+                import psycopg
+
+                with psycopg.connect(server.database(name), autocommit=True) as conn:
+                    conn.execute("ANALYZE")
+
+            made["postgres"] = (fresh, size, settle)
         yield made
     finally:
         if server is not None:
@@ -154,7 +168,7 @@ def bench_size(
 ) -> dict:
     """Fill a fresh store of `backend` with n records over `users` users, then time each path and the
     whole search on the same queries (each to a user drawn at random)."""
-    fresh, size_of = backend
+    fresh, size_of, settle = backend
     texts, vectors, questions, qvectors = data
     name = f"size_{n}_{users}"
     memory = memory_of(fresh(name))
@@ -176,8 +190,7 @@ def bench_size(
                 fts5.add([(owner[i], record) for i, (record, _) in enumerate(chunk, start=first)])
                 reference_seconds += time.perf_counter() - since
     fill_seconds = time.perf_counter() - start - reference_seconds
-    if hasattr(store, "db"):  # SQLite: fold the write-ahead log into the file before measuring it
-        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    settle(name)
     size = size_of(name)
     rng = np.random.default_rng(1)
     asked = [
@@ -233,7 +246,7 @@ def bench_ingest(
 ) -> dict:
     """Records/s into a fresh store, embeddings included (no extractor), as given and through the update
     path."""
-    fresh, _ = backend
+    fresh = backend[0]
     rows = [r for r, _ in synthetic(n, texts, vectors)]
     out = {}
     for consolidate in (False, True):
