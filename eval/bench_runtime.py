@@ -13,9 +13,12 @@ side (SQLite; Postgres on an embedded server with fsync on, as the runtime's log
 size on disk, then each path alone as the runtime calls it (BM25, dense with its recall@10 against exact
 search, dimension), the whole `Memory.search` (query embedding, three paths, fusion), and the first
 search of a user in this process (the in-process indexes read the user). Beside SQLite's BM25, the same
-queries on one FTS5 index over the same records, the lexical path before the per-user index. Ingest with
-embeddings (`--ingest` records, as given and through the update path) runs on each backend; the update
-path's candidate lookup on LoCoMo observations.
+queries on one FTS5 index over the same records, the lexical path before the per-user index; beside the
+runtime's query embedding (ONNX Runtime), sentence-transformers', the embedder before. A filled store is
+settled before it is measured (SQLite's write-ahead log checkpointed, Postgres ANALYZEd). Ingest with
+embeddings (`--ingest` records, as given and through the update path) runs on each backend with each
+embedder (ONNX fp32 and int8, sentence-transformers); the update path's candidate lookup on LoCoMo
+observations.
 """
 
 from __future__ import annotations

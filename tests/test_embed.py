@@ -16,7 +16,14 @@ from dimmem.config import validate_config
 from dimmem.contract.loaders import load_conversations
 from dimmem.paths import REPO_ROOT
 from dimmem.runtime.config import MemoryConfig
-from dimmem.runtime.embed import Batcher, Embedder, OnnxEmbedder, default_model_path, make_embedder
+from dimmem.runtime.embed import (
+    Batcher,
+    Embedder,
+    OnnxEmbedder,
+    _fingerprint,
+    default_model_path,
+    make_embedder,
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +68,8 @@ def test_a_model_the_onnx_backend_cannot_reproduce_is_refused(tmp_path):
         OnnxEmbedder(str(folder))
     with pytest.raises(ValueError, match="backend: torch"):
         OnnxEmbedder(str(tmp_path))  # not a sentence-transformers folder at all
+    with pytest.raises(ValueError, match="no such folder"):
+        OnnxEmbedder(str(tmp_path / "missing"))
 
 
 def test_memory_config_chooses_the_embedder():
@@ -107,6 +116,10 @@ def test_workers_export_once_and_a_damaged_export_is_made_again(tmp_path, refere
     """Two processes starting on an empty cache export under one lock and get the same vectors; once the
     export is cached a process embeds without importing torch; a damaged file is exported again."""
     cache = tmp_path / "cache"
+    folder = OnnxEmbedder().folder
+    stale = cache / "embedders" / f"{folder.name}-{_fingerprint(folder)}" / "model-fp32.tmp1"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half an export, killed")
     children = [embed_in_child(cache) for _ in range(2)]
     outputs = [child.communicate(timeout=600) for child in children]
     assert all(child.returncode == 0 for child in children), [err[-2000:] for _, err in outputs]

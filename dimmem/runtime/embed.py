@@ -216,12 +216,19 @@ class _Request:
 
 
 def _local_folder(name_or_path: str) -> Path:
-    folder = Path(name_or_path)
+    folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         return folder.resolve()
+    if folder.is_absolute() or name_or_path.startswith((".", "~")):
+        raise ValueError(f"embedder model {name_or_path!r}: no such folder")
     from huggingface_hub import snapshot_download  # a Hub name: the model's files, cached by the Hub
 
-    return Path(snapshot_download(name_or_path))
+    try:
+        return Path(snapshot_download(name_or_path))
+    except Exception as err:  # offline, unknown repository, bad name: say which model and why
+        raise ValueError(
+            f"embedder model {name_or_path!r}: not a folder, and the Hub did not give it ({err})"
+        ) from None
 
 
 def _mean_pooled_shape(folder: Path) -> tuple[int, int]:
@@ -276,6 +283,8 @@ def onnx_model(folder: Path, precision: str = "fp32") -> Path:
     with open(target / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.is_file():
+            for stale in target.glob("*.tmp*"):  # left by a killed export (the lock is ours now)
+                stale.unlink()
             fp32 = target / "model-fp32.onnx"
             if not fp32.is_file():
                 _export(folder, fp32)
