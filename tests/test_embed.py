@@ -92,7 +92,7 @@ def test_memory_config_chooses_the_embedder():
 
 
 EMBED_ONE = """
-import sys, time
+import sys
 from dimmem.runtime.embed import OnnxEmbedder
 print(OnnxEmbedder().encode(["Caroline went to a support group."])[0][:4].tolist())
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "sentence_transformers")))

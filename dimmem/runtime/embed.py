@@ -347,12 +347,17 @@ def _session(folder: Path, precision: str, threads: int | None):
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    path = onnx_model(folder, precision)
+
+    def load():
+        return ort.InferenceSession(
+            str(onnx_model(folder, precision)), options, providers=["CPUExecutionProvider"]
+        )
+
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return load()
     except Exception:
-        path.unlink(missing_ok=True)
+        damaged = onnx_model(folder, precision)
+        damaged.unlink(missing_ok=True)
         if precision == "int8":  # its fp32 source may be the damaged one
-            path.with_name("model-fp32.onnx").unlink(missing_ok=True)
-        path = onnx_model(folder, precision)
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            damaged.with_name("model-fp32.onnx").unlink(missing_ok=True)
+        return load()
