@@ -54,6 +54,9 @@ demo: install
 	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/tiny-base --max-tokens 768 --out $(RUNS)/eval-untrained
 	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/export-tiny --max-tokens 768 --out $(RUNS)/eval-trained
 	$(BIN)/dimmem eval compare $(RUNS)/eval-untrained $(RUNS)/eval-trained
+	# what the records buy in retrieval: raw turns, ground-truth records (with and without dimensions,
+	# consolidated) and the records both tiny models extract, on a held-out toy world with known evidence
+	$(BIN)/dimmem eval retrieval --config configs/eval/retrieval-toy.yaml
 	# load the toy labels into the memory runtime and ask it two questions
 	rm -f $(RUNS)/memory.sqlite*
 	$(BIN)/dimmem memory load --labels $(RUNS)/datagen/labels.jsonl --store $(RUNS)/memory.sqlite

@@ -17,6 +17,14 @@ def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def name_path(text: str) -> tuple[str, str]:
+    """`trained=runs/demo/export-tiny` -> ("trained", "runs/demo/export-tiny")."""
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise ValueError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML with this run's settings (configs/eval/)")
     add_set_argument(p, "model.max_tokens=512")
@@ -28,11 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p = sub.add_parser("retrieval", help="LLM-free evidence recall@k and MRR per retrieval path")
     _common(p)
-    p.add_argument("--benchmark", choices=["locomo"])
+    p.add_argument("--benchmark", choices=["locomo", "toy"])
     p.add_argument("--input", help="locomo10.json")
-    p.add_argument("--memories", help="turns | observations | a datagen labels.jsonl")
+    p.add_argument("--memories", help="LoCoMo: turns | observations | a datagen labels.jsonl")
     p.add_argument("--k", type=int_list, help="comma-separated cut-offs (default 5,10,20)")
-    p.add_argument("--store", help="SQLite file for the memories (default: in memory)")
+    p.add_argument("--store", help="LoCoMo: SQLite file or Postgres URL (default: in memory)")
+    p.add_argument("--tokenizer", help="counts context tokens (default: the shared Qwen3 tokenizer)")
+    p.add_argument(
+        "--extractor",
+        type=name_path,
+        action="append",
+        help="toy: NAME=MODEL_DIR, a local model whose extracted records are a memory set too (repeatable)",
+    )
     p.add_argument("--out", help="write the results as JSON here")
 
     x = sub.add_parser(
@@ -92,6 +107,8 @@ def load_run(args: argparse.Namespace):
 
     model = {"extraction": ExtractionRun, "qa": QARun, "retrieval": RetrievalRun}[args.eval_command]
     flags = {key: getattr(args, flag) for flag, key in FLAGS[args.eval_command].items()}
+    if flags.get("toy.extractors") is not None:  # repeated NAME=PATH flags
+        flags["toy.extractors"] = dict(flags["toy.extractors"])
     return load_config(model, args.config, args.overrides, flags=flags)
 
 
@@ -186,16 +203,35 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_retrieval(args: argparse.Namespace) -> int:
-    from dimmem.paths import write_json
+    from dimmem.contract.tokens import load_tokenizer
+    from dimmem.paths import shared_data, write_json
     from dimmem.runtime.memory import Memory
-    from eval.retrieval import format_table, run_locomo
 
     cfg = load_run(args)
     ks = cfg.k
-    memory = Memory({"store": cfg.store, "retrieval": {"depth": max([*ks, 50])}})
-    result = run_locomo(cfg.input, cfg.memories, ks, memory)
-    print(f"{result['questions']} questions, {result['records']} memories ({result['memories']})")
-    print(format_table(result, ks))
+    tokenizer = load_tokenizer(cfg.tokenizer or str(shared_data("qwen3-tokenizer")))
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    if cfg.benchmark == "toy":
+        from dimmem.runtime.embed import make_embedder
+        from eval.retrieval_toy import format_toy, run_toy
+
+        cache = Path(cfg.out).with_suffix(".cache.sqlite") if cfg.out else None
+        result = run_toy(cfg.toy, ks, make_embedder(), count_tokens, cache)
+        print(format_toy(result))
+        if cfg.out:
+            from eval.report import plot_recall_tokens
+
+            print(f"plot: {plot_recall_tokens(result, Path(cfg.out).with_suffix('.png'))}")
+    else:
+        from eval.retrieval import format_table, run_locomo
+
+        memory = Memory({"store": cfg.store, "retrieval": {"depth": max([*ks, 50])}})
+        result = run_locomo(cfg.input, cfg.memories, ks, memory, count_tokens)
+        print(f"{result['questions']} questions, {result['records']} memories ({result['memories']})")
+        print(format_table(result, ks))
     if cfg.out:
         write_json(cfg.out, result)
     return 0

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
-from dimmem.config import Section
+from dimmem.config import Section, WindowConfig
 from dimmem.llm import ModelConfig
 
 
@@ -50,15 +50,46 @@ class QARun(Section):
     limit: int | None = Field(None, ge=1)
 
 
+MemorySet = Literal[
+    "turns", "records", "records_content_only", "records+consolidation", "records+oracle_consolidation"
+]  # the toy benchmark's built-in memory sets (eval/retrieval_toy.py)
+
+
+class ToyRetrieval(Section):
+    """The toy-world retrieval benchmark (eval/retrieval_toy.py): its world, questions and memory sets."""
+
+    # a world the demo's model never trained on (the demo's datagen world has seed 0), with longer
+    # dialogues: more of each person's events compete for every question
+    seed: int = 1000
+    conversations: int = Field(12, ge=1)
+    sessions: int = Field(8, ge=1)
+    stories_per_session: int = Field(5, ge=1)
+    questions_per_class: int = Field(4, ge=1)  # per dialogue
+    sets: list[MemorySet] = list(get_args(MemorySet))
+    # name -> a local Hugging Face model or export folder whose extracted records are a memory set too
+    extractors: dict[str, str] = {}
+    windows: WindowConfig = WindowConfig(window=12, overlap=3, max_tokens=None)  # the demo's datagen windows
+    max_new_tokens: int = Field(768, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+
 class RetrievalRun(Section):
     """`dimmem eval retrieval`: LLM-free evidence recall per retrieval path."""
 
-    benchmark: Literal["locomo"] = "locomo"
-    input: str
-    memories: str = "turns"  # turns | observations | a datagen labels.jsonl
+    benchmark: Literal["locomo", "toy"] = "locomo"
+    input: str | None = None  # locomo10.json (LoCoMo only)
+    memories: str = "turns"  # LoCoMo: turns | observations | a datagen labels.jsonl
     k: list[int] = [5, 10, 20]
-    store: str = ":memory:"
-    out: str | None = None
+    store: str = ":memory:"  # LoCoMo: where the memories are stored
+    tokenizer: str | None = None  # counts context tokens; null: the Qwen3 tokenizer in the shared data
+    toy: ToyRetrieval = ToyRetrieval()
+    out: str | None = None  # the results as JSON (toy: extractor answers cached beside it, .cache.sqlite)
+
+    @model_validator(mode="after")
+    def _input_for_locomo(self) -> RetrievalRun:
+        if self.benchmark == "locomo" and not self.input:
+            raise ValueError("benchmark locomo needs input (locomo10.json)")
+        return self
 
 
 # command-line flag -> dotted config key, per subcommand
@@ -99,6 +130,8 @@ FLAGS = {
         "memories": "memories",
         "k": "k",
         "store": "store",
+        "tokenizer": "tokenizer",
+        "extractor": "toy.extractors",
         "out": "out",
     },
 }

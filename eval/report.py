@@ -155,3 +155,25 @@ def compare_rows(a: dict, b: dict) -> list[tuple[str, str, str, str]]:
         delta = f"{vb - va:+.3f}" if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else ""
         rows.append((label, _fmt(va), _fmt(vb), delta))
     return rows
+
+
+def plot_recall_tokens(result: dict, path: Path) -> Path:
+    """The toy retrieval benchmark as one picture: fused recall against context tokens per question, one
+    curve per memory set (each point one k, from 1 to the largest)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for name, s in result["sets"].items():
+        recall, tokens = s["fused_recall_curve"].get("all"), s["context_tokens_curve"].get("all")
+        if recall and tokens and max(recall) > 0:
+            ax.plot(tokens, recall, marker=".", label=f"{name} ({s['records']} records)")
+    ax.set_xlabel(f"context tokens per question (top k, k = 1..{max(result['k'])})")
+    ax.set_ylabel("fused recall@k")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"Toy world: {result['questions']['all']} questions with known evidence")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,13 @@ from dimmem.runtime.extractors import turn_memory
 from dimmem.runtime.labels import label_memories
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, parse_query_rules
-from dimmem.runtime.retrieval import rrf
+from dimmem.runtime.retrieval import fuse, rrf
 
-RANKINGS = ("bm25", "dense", "dimension", "bm25+dense", "fused", "bm25+dense_fitted", "fused_fitted")
 PATHS = ("bm25", "dense", "dimension")
+# each path alone; bm25+dense and `fused` (all three) as the runtime fuses them (`Memory.search`'s
+# order); all three by plain RRF
+RANKINGS = (*PATHS, "bm25+dense", "rrf", "fused")
+FITTED = ("bm25+dense_fitted", "fused_fitted")  # weighted RRF, weights cross-fitted (LoCoMo)
 # Weighted-RRF grid (bm25's weight fixed at 1: scaling every weight leaves the order unchanged).
 WEIGHT_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 FIT_AT = 10  # weights are fitted on recall at this cut-off (the largest requested one when 10 is not)
@@ -65,6 +69,27 @@ def observation_records(conv: Conversation) -> list[dict]:
                     }
                 )
     return records
+
+
+def context_line(record: dict) -> str:
+    """A record as the answer prompt lists it: its date (or the session's), then its content."""
+    when = record.get("time") or (record.get("session_time") or "")[:10] or "undated"
+    return f"- [{when}] {record['content']}"
+
+
+def question_rankings(
+    memory: Memory, question: str, user_id: str, parsed: dict, vector: np.ndarray
+) -> tuple[dict[str, list[str]], dict]:
+    """Every ranking of RANKINGS for one question (record ids, best first), and the paths' own rankings
+    with scores (what weighted fusion is fitted on)."""
+    paths = memory.paths(question, user_id, parsed, query_vector=vector)
+    out = {name: [rid for rid, _ in ranked] for name, ranked in paths.items()}
+    out["rrf"] = [rid for rid, _, _ in rrf(paths)]
+    retrieval = memory.config.retrieval
+    for name, used in (("bm25+dense", {k: paths[k] for k in ("bm25", "dense")}), ("fused", paths)):
+        hits = fuse(memory.store, user_id, used, parsed, retrieval.depth, retrieval.weights, retrieval.fusion)
+        out[name] = [hit.record["id"] for hit in hits]
+    return out, paths
 
 
 def evidence_of(qa: dict) -> set[str]:
@@ -128,13 +153,17 @@ def cross_fitted(samples: list[dict], ks: list[int], dimension: bool = True) -> 
 
 
 def run_locomo(
-    input_path: str, memories: str, ks: list[int], memory: Memory, categories=(1, 2, 3, 4)
+    input_path: str,
+    memories: str,
+    ks: list[int],
+    memory: Memory,
+    count_tokens: Callable[[str], int],
+    categories=(1, 2, 3, 4),
 ) -> dict:
     conversations = load_conversations("locomo", input_path)
     labels = label_memories(memories) if memories not in ("turns", "observations") else None
-    totals: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in RANKINGS}
+    totals: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in (*RANKINGS, *FITTED)}
     per_category: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    context_words: dict[int, list[int]] = defaultdict(list)
     samples: list[dict] = []
     recalls = 0  # questions whose parse asks for the assistant's replies
     for conv in tqdm(conversations, desc="conversations", unit="conv", disable=None):
@@ -150,7 +179,7 @@ def run_locomo(
         memory.add_records(records, user_id=conv.id, conversation=conv, consolidate=False)
         stored = memory.store.records(conv.id)
         sources = {r["id"]: r["source_turns"] for r in stored}
-        content = {r["id"]: r["content"] for r in stored}
+        tokens = ContextTokens(stored, count_tokens)
         qas = [
             qa for qa in conv.metadata.get("qa", []) if qa.get("category") in categories and evidence_of(qa)
         ]
@@ -159,23 +188,19 @@ def run_locomo(
         for qa, vector in zip(qas, vectors):
             parsed = parse_query_rules(qa["question"], reference)
             recalls += parsed["need_assistant_context"]
-            paths = memory.paths(qa["question"], conv.id, parsed, query_vector=vector)
-            rankings = {name: [rid for rid, _ in ranked] for name, ranked in paths.items()}
-            rankings["bm25+dense"] = [rid for rid, _, _ in rrf({k: paths[k] for k in ("bm25", "dense")})]
-            rankings["fused"] = [rid for rid, _, _ in rrf(paths)]
+            rankings, paths = question_rankings(memory, qa["question"], conv.id, parsed, vector)
             evidence = evidence_of(qa)
             for name, ranked in rankings.items():
-                for metric, value in score_ranking(ranked, sources, evidence, ks).items():
+                scores = {**score_ranking(ranked, sources, evidence, ks), **tokens.at(ranked, ks)}
+                for metric, value in scores.items():
                     totals[name][metric].append(value)
                     if name == "fused":
                         per_category[qa["category"]][metric].append(value)
-            for k in ks:
-                context_words[k].append(sum(len(content[rid].split()) for rid in rankings["fused"][:k]))
             samples.append(
                 {"conversation": conv.id, "paths": paths, "sources": sources, "evidence": evidence}
             )
     fitted = {}
-    for name, dimension in (("bm25+dense_fitted", False), ("fused_fitted", True)):
+    for name, dimension in zip(FITTED, (False, True)):
         scored, fitted[name] = cross_fitted(samples, ks, dimension)
         for sample_scores in scored:
             for metric, value in sample_scores.items():
@@ -193,24 +218,49 @@ def run_locomo(
             str(c): {m: mean(v) for m, v in ms.items()} for c, ms in sorted(per_category.items())
         },
         assistant_recall_rate=round(recalls / max(len(samples), 1), 4),
-        context_words_per_query={f"@{k}": mean(v) for k, v in context_words.items()},
         records=sum(memory.store.count(c.id) for c in conversations),
     )
     return result
 
 
+class ContextTokens:
+    """Context tokens of a ranking's top k: each record's `context_line`, counted once per record."""
+
+    def __init__(self, records: list[dict], count_tokens: Callable[[str], int]):
+        self.lines = {r["id"]: context_line(r) for r in records}
+        self.count_tokens, self.counted = count_tokens, {}
+
+    def of(self, record_id: str) -> int:
+        if record_id not in self.counted:
+            self.counted[record_id] = self.count_tokens(self.lines[record_id])
+        return self.counted[record_id]
+
+    def at(self, ranked: list[str], ks: list[int]) -> dict[str, int]:
+        return {f"tokens@{k}": sum(self.of(rid) for rid in ranked[:k]) for k in ks}
+
+
+def best_single_path(result: dict, metric: str) -> tuple[str, float]:
+    return max(((p, result[p][metric]) for p in PATHS), key=lambda x: x[1])
+
+
 def format_table(result: dict, ks: list[int]) -> str:
-    header = "| path | " + " | ".join(f"recall@{k}" for k in ks) + " | MRR |"
-    lines = [header, "|" + "---|" * (len(ks) + 2)]
-    for name in RANKINGS:
+    k10 = 10 if 10 in ks else ks[-1]
+    header = "| ranking | " + " | ".join(f"recall@{k}" for k in ks) + f" | MRR | tokens@{k10} |"
+    lines = [header, "|" + "---|" * (len(ks) + 3)]
+    for name in (*RANKINGS, *FITTED):
         row = result[name]
+        tokens = f"{row[f'tokens@{k10}']:.0f}" if f"tokens@{k10}" in row else "-"
         lines.append(
-            f"| {name} | " + " | ".join(f"{row[f'recall@{k}']:.3f}" for k in ks) + f" | {row['mrr']:.3f} |"
+            f"| {name} | "
+            + " | ".join(f"{row[f'recall@{k}']:.3f}" for k in ks)
+            + f" | {row['mrr']:.3f} | {tokens} |"
         )
-    k = f"recall@{10 if 10 in ks else ks[-1]}"
+    k = f"recall@{k10}"
+    best, value = best_single_path(result, k)
     lines.append(
-        f"\ndimension path on top of bm25+dense ({k}): "
-        f"plain RRF {result['fused'][k] - result['bm25+dense'][k]:+.3f}, "
+        f"\nfused ({k}) against the best single path ({best}): {result['fused'][k] - value:+.3f}; "
+        "the dimension path on top of bm25+dense: "
+        f"plain RRF {result['rrf'][k] - result['bm25+dense'][k]:+.3f}, "
         f"fitted weights {result['fused_fitted'][k] - result['bm25+dense_fitted'][k]:+.3f} "
         f"(two-fold by conversation; weights fitted on all questions: {result['fitted_weights_all']})"
     )

@@ -104,3 +104,26 @@ def memory_factory(store_urls):
     yield factory
     for memory in made:
         memory.close()
+
+
+@pytest.fixture(scope="session")
+def toy_dataset(tmp_path_factory):
+    """A small oracle-labelled toy datagen output (its dataset: the corpus tiny models are built from)."""
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run as datagen
+
+    out = tmp_path_factory.mktemp("toy")
+    datagen(
+        DatagenConfig.model_validate(
+            {
+                "source": {"format": "toy", "conversations": 10, "sessions": 2},
+                "out": str(out),
+                "windows": {"window": 10, "overlap": 2, "max_tokens": None},
+                "teacher": {"kind": "oracle"},
+                "tasks": {"parse_query": False, "consolidate": False},
+                "split": {"validation": 0.1, "test": 0.2},
+            }
+        ),
+        show_progress=False,
+    )
+    return out

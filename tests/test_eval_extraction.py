@@ -158,28 +158,6 @@ def test_match_threshold_is_on_content_token_f1():
     assert run(answer(paraphrase, JOB))["memory_recall"] == 0.5
 
 
-@pytest.fixture(scope="module")
-def toy_dataset(tmp_path_factory):
-    from data_gen.config import DatagenConfig
-    from data_gen.run import run as datagen
-
-    out = tmp_path_factory.mktemp("toy")
-    datagen(
-        DatagenConfig.model_validate(
-            {
-                "source": {"format": "toy", "conversations": 10, "sessions": 2},
-                "out": str(out),
-                "windows": {"window": 10, "overlap": 2, "max_tokens": None},
-                "teacher": {"kind": "oracle"},
-                "tasks": {"parse_query": False, "consolidate": False},
-                "split": {"validation": 0.1, "test": 0.2},
-            }
-        ),
-        show_progress=False,
-    )
-    return out
-
-
 def write_predictions(dataset, path, change=lambda answer: answer):
     from datasets import load_from_disk
 

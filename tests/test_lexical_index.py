@@ -33,21 +33,26 @@ def record(rid: str, content: str) -> dict:
 
 
 def brute_force(records: list[dict], query: str, k: int) -> list[tuple[str, float]]:
-    """BM25 by the book over the given records (k1 1.2, b 0.75, FTS5's IDF floored at 1e-6)."""
+    """BM25 by the book over the given records (k1 1.2, b 0.75, FTS5's IDF floored at 1e-6), divided
+    by the query's ceiling: every term at the IDF of a term no record holds, times k1 + 1."""
     docs = {r["id"]: lexical.document(r) for r in records}
     n, avgdl = len(docs), max(sum(sum(d.values()) for d in docs.values()) / max(len(docs), 1), 1.0)
     df = Counter(t for d in docs.values() for t in d)
+    ceiling = len(lexical.terms(query)) * math.log((max(n, 1) + 0.5) / 0.5) * (K1 + 1)
     scores = {}
     for rid, d in docs.items():
         dl = sum(d.values())
         hits = [t for t in sorted(lexical.terms(query)) if t in d]
         if hits:
-            scores[rid] = sum(
-                max(math.log((n - df[t] + 0.5) / (df[t] + 0.5)), 1e-6)
-                * d[t]
-                * (K1 + 1)
-                / (d[t] + K1 * (1 - B + B * dl / avgdl))
-                for t in hits
+            scores[rid] = (
+                sum(
+                    max(math.log((n - df[t] + 0.5) / (df[t] + 0.5)), 1e-6)
+                    * d[t]
+                    * (K1 + 1)
+                    / (d[t] + K1 * (1 - B + B * dl / avgdl))
+                    for t in hits
+                )
+                / ceiling
             )
     return sorted(scores.items(), key=lambda x: (-x[1], x[0]))[:k]
 

@@ -24,7 +24,11 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 class RetrievalConfig(Section):
     depth: int = Field(50, ge=1, description="candidates each path contributes to fusion")
-    weights: dict[str, float] | None = Field(None, description="weighted RRF per path; null: plain RRF")
+    fusion: Literal["score", "rrf"] = Field(
+        "score",
+        description="score: sum of the paths' calibrated scores; rrf: reciprocal rank fusion (BENCHMARKS.md)",
+    )
+    weights: dict[str, float] | None = Field(None, description="per-path weights of the fusion; null: all 1")
     ann_min_records: int = Field(
         200_000, ge=1, description="a user's dense search switches from exact to HNSW here"
     )

@@ -9,9 +9,11 @@ the records changed since (`Store.lexical_changes`): a changed record's old post
 scratch on first use, when the store replaced the user wholesale (a new epoch) and when over half of
 the user's positions are tombstones.
 
-Scores are BM25 (k1 1.2, b 0.75, FTS5's IDF) from the user's own active records: no other user's records
-move them, and a search costs the postings of the query's terms in this user, whatever else the store
-holds. Least recently searched users are dropped beyond `max_postings` postings in all.
+Scores are BM25 (k1 1.2, b 0.75, FTS5's IDF) from the user's own active records, divided by the query's
+ceiling (what a record holding every query term, and alone, would score): comparable across queries and
+with the other retrieval paths' scores, which fusion adds. No other user's records move them, and a
+search costs the postings of the query's terms in this user, whatever else the store holds. Least
+recently searched users are dropped beyond `max_postings` postings in all.
 """
 
 from __future__ import annotations
@@ -68,11 +70,16 @@ class _User:
             self.tokens -= self.dl[position]
 
     def top(self, wanted: list[str], k: int) -> list[tuple[str, float]]:
+        """The k best live records: (id, BM25 score / the query's ceiling), best first, ties by id. The
+        ceiling is what a record would score that holds every query term, infinitely often, as the only
+        record holding it: scores lie in [0, 1) and say how much of the query a record matches, and how
+        rarely; a name most of the user's records share scores near 0 however it ranks."""
         alive = np.frombuffer(self.alive, dtype=np.int8)
         dl = np.frombuffer(self.dl, dtype=np.int32)
         n = max(len(self.where), 1)  # the live records
         avgdl = max(self.tokens / n, 1.0)
         all_positions, all_weights = [], []
+        ceiling = len(wanted) * math.log((n + 0.5) / 0.5) * (K1 + 1)
         for term in wanted:  # in term order: each record's score sums its terms in the same order
             if term not in self.postings:
                 continue
@@ -92,7 +99,7 @@ class _User:
         floor = np.partition(scores, -k)[-k] if len(scores) > k else 0.0
         chosen = np.flatnonzero((scores >= floor) & (scores > 0))  # the k best, and any tied with them
         ranked = sorted(((self.ids[i], float(scores[i])) for i in chosen), key=lambda x: (-x[1], x[0]))
-        return ranked[:k]
+        return [(rid, score / ceiling) for rid, score in ranked[:k]]
 
 
 class LexicalIndex:

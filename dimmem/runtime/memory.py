@@ -93,6 +93,7 @@ __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "Sea
 
 EMBED_BATCH = 64  # texts per embedder call: the longest a search waits for the embedder
 SEARCH_HELPERS = 8  # threads embedding concurrent searches' queries (what queues there, the Batcher folds)
+SPEAKER_PROBES = 5  # update candidates above the threshold read to find the closest of the same speaker
 CONSOLIDATION_ATTEMPTS = 3  # fresh decisions when the target changed meanwhile, then KEEP_BOTH
 
 
@@ -348,12 +349,9 @@ class Memory:
                     self.stats["embedding_comparisons"] += len(candidates)
                     self.stats["baseline_comparisons"] += self.store.count(user_id)  # comparing with all
                     if candidates:
-                        ids, matrix = self.store.vectors(user_id, candidates)
-                        if ids:
-                            scores = matrix @ vector
-                            best, similarity = ids[int(np.argmax(scores))], float(np.max(scores))
-                    if best is not None and similarity >= update.similarity_threshold:
-                        candidate = self.store.get(user_id, best)
+                        best, similarity, candidate = self._closest_same_speaker(
+                            user_id, record, vector, candidates
+                        )
             decision = {"action": "KEEP_BOTH", "memory": None}
             if candidate is not None:  # decided outside the store lock (a model call, maybe)
                 decision = self.consolidator(record, candidate, similarity)
@@ -392,6 +390,26 @@ class Memory:
                 self.stats[action] += 1
             return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
         raise AssertionError("unreachable: the last attempt keeps both")
+
+    def _closest_same_speaker(
+        self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str]
+    ) -> tuple[str | None, float, dict | None]:
+        """The most similar candidate above the threshold whose speaker is the record's: (id, similarity,
+        record), or (None, 0, None). Another speaker's record is another person's memory ("Bob loves
+        jazz" must not supersede "Alice loves jazz"), however close the two texts are. Only the
+        `SPEAKER_PROBES` closest are read."""
+        ids, matrix = self.store.vectors(user_id, candidates)
+        if not ids:
+            return None, 0.0, None
+        scores = matrix @ vector
+        speaker = record["speaker"].casefold()
+        for i in np.argsort(-scores, kind="stable")[:SPEAKER_PROBES]:
+            if scores[i] < self.config.update.similarity_threshold:
+                break
+            found = self.store.get(user_id, ids[i])
+            if found is not None and found["speaker"].casefold() == speaker:
+                return ids[i], float(scores[i]), found
+        return None, 0.0, None
 
     def update(self, memory_id: str, *, user_id: str, **fields) -> dict:
         """A new version of an active record with the given fields changed (the old one stays in its
@@ -507,7 +525,8 @@ class Memory:
         parsed = parsed or self.query_parser(query, reference_date)
         paths = self.paths(query, user_id, parsed)
         with self._store_lock:
-            hits = fuse(self.store, user_id, paths, parsed, k, self.config.retrieval.weights)
+            retrieval = self.config.retrieval
+            hits = fuse(self.store, user_id, paths, parsed, k, retrieval.weights, retrieval.fusion)
             self.stats["searches"] += 1
             context = []
             if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers

@@ -1,6 +1,6 @@
 """Query parsing: by a model (`ModelQueryParser`) or by rules, the fallback when no model is configured:
-time expressions resolved against a reference date, memory types and assistant recall from cue words,
-keywords from content words."""
+time expressions resolved against a reference date, a named place, memory types and assistant recall
+from cue words, keywords from content words."""
 
 from __future__ import annotations
 
@@ -111,7 +111,10 @@ def _parse_time(text: str, reference: date) -> str | None:
     if m := re.search(r"\b(\d{4}-\d{2}(?:-\d{2})?)\b", text):
         return m.group(1)
     if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})\b", text):
-        return f"{int(m.group(3)):04d}-{MONTHS[m.group(1)]:02d}-{int(m.group(2)):02d}"
+        day = date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
+        if re.search(r"\bweek of\s+$", text[: m.start()]):  # "the week of May 1, 2023": seven days
+            return f"{day.isoformat()}/{(day + timedelta(days=6)).isoformat()}"
+        return day.isoformat()
     if m := re.search(r"\b(" + "|".join(MONTHS) + r")\s+(\d{4})\b", text):
         return _month_span(int(m.group(2)), MONTHS[m.group(1)])
     if "yesterday" in text:
@@ -126,6 +129,34 @@ def _parse_time(text: str, reference: date) -> str | None:
         return f"{reference.year - 1:04d}" if reference.year > 1 else None
     if m := re.search(r"\bin\s+(\d{4})\b", text):
         return m.group(1)
+    return None
+
+
+# "at the harbor", "in Kyoto", "near the old theater": a place the question is about (not "in June 2023",
+# "at the moment", "in the morning": months, years and time words end or refuse the phrase)
+_PLACE = re.compile(r"\b(?:at|in|near|around)\s+((?:the\s+)?(?:[A-Za-z][\w'-]*)(?:\s+[A-Za-z][\w'-]*){0,2})")
+NOT_PLACES = {
+    *("moment", "morning", "afternoon", "evening", "night", "time", "end", "past", "future", "general"),
+    *("now", "today", "yesterday", "tomorrow", "tonight", "recently", "lately", "days", "ago"),
+}
+
+
+def parse_location(question: str) -> str | None:
+    """The place a question names after at/in/near/around: a capitalized name ("Kyoto", "Eagle Peak")
+    or "the" and up to two words ("the harbor", "the old theater"), cut at the first stop or time
+    word; None when there is none."""
+    for match in _PLACE.finditer(question):
+        words = match.group(1).split()
+        place = words[:1] if words[0].lower() == "the" else []
+        for word in words[len(place) :]:
+            lowered = word.lower().strip("'")
+            if lowered in STOPWORDS or lowered in MONTHS or lowered in NOT_PLACES or lowered.isdigit():
+                break
+            if word.endswith("'s") or (place[:1] != ["the"] and not word[0].isupper()):
+                break  # "in Bob's family": not a place; without "the", names only ("in Kyoto")
+            place.append(word)
+        if place and place[-1].lower() != "the":
+            return " ".join(place)
     return None
 
 
@@ -159,7 +190,7 @@ def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
     return {
         "target_types": types or list(MEMORY_TYPES),
         "time": parse_time(question, reference),
-        "location": None,
+        "location": parse_location(question),
         "keywords": keywords or [question.strip()[:40] or "memory"],
         "need_assistant_context": any(cue in lowered for cue in ASSISTANT_CUES),
     }

@@ -1,7 +1,8 @@
 """Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `Store.dense`) and
-dimension match (type, time overlap, location, keywords), fused by reciprocal rank fusion. A query that
-states a time ranks records whose time overlaps it above records dated elsewhere; each hit keeps its rank
-and score on every path."""
+dimension match (the query's time, place and types), fused by the sum of calibrated scores
+(`score_fusion`, the default) or by reciprocal rank fusion (`rrf`). The dimension path votes only with
+what the parsed query states. A query that states a time ranks records whose time overlaps it above
+records dated elsewhere; each hit keeps its rank and score on every path."""
 
 from __future__ import annotations
 
@@ -29,14 +30,9 @@ def dimension_score(record: dict, query: dict) -> float:
     score = 0.0
     if record["type"] in query.get("target_types", []):
         score += 0.5
-    if (
-        query.get("time")
-        and record.get("time")
-        and overlaps(parse_span(query["time"]), parse_span(record["time"]))
-    ):
+    if _time_matches(record, query):
         score += 2.0
-    location = (query.get("location") or "").casefold()
-    if location and location in (record.get("location") or "").casefold():
+    if _location_matches(record, query):
         score += 1.0
     wanted = {k.casefold() for k in query.get("keywords", [])}
     if wanted:
@@ -45,35 +41,105 @@ def dimension_score(record: dict, query: dict) -> float:
     return score
 
 
+def _time_matches(record: dict, query: dict) -> bool:
+    return bool(
+        query.get("time")
+        and record.get("time")
+        and overlaps(parse_span(query["time"]), parse_span(record["time"]))
+    )
+
+
+def _location_matches(record: dict, query: dict) -> bool:
+    location = (query.get("location") or "").casefold()
+    return bool(location) and location in (record.get("location") or "").casefold()
+
+
+def _carries(query: dict) -> bool:
+    """Whether the query states a dimension: a time, a place, or some memory types but not all."""
+    types = set(query.get("target_types") or MEMORY_TYPES)
+    return bool(query.get("time") or query.get("location") or types < set(MEMORY_TYPES))
+
+
 def dimension_path(store: Store, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
-    """Candidates by index (most shared keywords, overlapping time), ranked by dimension score. Each
-    lookup is bounded (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one.
-    The query's types weigh in the score but do not filter: a mistyped query or record still scores."""
+    """Records that match a dimension the query states (its time, its place, or its types when it names
+    fewer than all), ranked by dimension score as a share of the query's ceiling (in (0, 1]); nothing
+    when it states none. A record that shares only
+    keywords is the lexical path's to find: voting for it again here would count the same evidence twice.
+    Candidates come by index (most shared keywords, overlapping time), each lookup bounded
+    (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one."""
+    if not _carries(query):
+        return []
     ids: dict[str, None] = {}
     limit = CANDIDATES_PER_DEPTH * depth
     ids.update(dict.fromkeys(store.candidates(user_id, list(MEMORY_TYPES), query.get("keywords", []), limit)))
     if query.get("time"):
         start, end = parse_span(query["time"])
         ids.update(dict.fromkeys(store.records_in_span(user_id, start.isoformat(), end.isoformat(), limit)))
-    records = store.get_many(user_id, list(ids))
-    scored = [(rid, s) for rid, record in records.items() if (s := dimension_score(record, query)) > 0]
+    types = set(query.get("target_types") or MEMORY_TYPES)
+    typed = types < set(MEMORY_TYPES)
+    ceiling = dimension_ceiling(query)
+    scored = [
+        (rid, dimension_score(record, query) / ceiling)
+        for rid, record in store.get_many(user_id, list(ids)).items()
+        if _time_matches(record, query)
+        or _location_matches(record, query)
+        or (typed and record["type"] in types)
+    ]
     return sorted(scored, key=lambda x: (-x[1], x[0]))[:depth]
+
+
+def dimension_ceiling(query: dict) -> float:
+    """The best dimension score this query allows (every dimension it states matched)."""
+    return (
+        0.5
+        + 2.0 * bool(query.get("time"))
+        + 1.0 * bool(query.get("location"))
+        + 1.0 * bool(query.get("keywords"))
+    )
 
 
 def rrf(
     paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None
 ) -> list[tuple[str, float, dict]]:
     """(Weighted) reciprocal rank fusion: (id, fused score, {path: {rank, score}}), best first."""
+    return _combine(paths, weights, lambda ranked: [1.0 / (RRF_K + r) for r in range(1, len(ranked) + 1)])
+
+
+def score_fusion(
+    paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None
+) -> list[tuple[str, float, dict]]:
+    """(Weighted) sum over the paths of each record's score above the lowest score the path returned for
+    this query (a path returning one record gives it its whole score); same shape as `rrf`.
+
+    Every path scores on an absolute scale (BM25 as a share of the query's ceiling, cosine similarity,
+    dimension score as a share of the query's ceiling), so what a path adds is how far it lifts a record
+    above its own weakest candidate: a path that cannot tell its candidates apart (BM25 matching only a
+    name most records share; a dimension path whose candidates all match the same way) adds nearly
+    nothing, where RRF gives its first rank as much as any other path's first rank. BENCHMARKS.md
+    compares the two on every memory set."""
+
+    def lifts(ranked: list[tuple[str, float]]) -> list[float]:
+        floor = ranked[-1][1] if len(ranked) > 1 else 0.0
+        return [max(score - floor, 0.0) for _, score in ranked]
+
+    return _combine(paths, weights, lifts)
+
+
+def _combine(paths, weights, contributions) -> list[tuple[str, float, dict]]:
+    """Sum each path's per-record `contributions(ranked)`, weighted; every path's rank and score kept."""
     fused: dict[str, list] = {}
     for name, ranked in paths.items():
         weight = 1.0 if weights is None else weights.get(name, 0.0)
-        for rank, (rid, score) in enumerate(ranked, start=1):
+        for rank, ((rid, score), part) in enumerate(zip(ranked, contributions(ranked)), start=1):
             entry = fused.setdefault(rid, [0.0, {}])
-            entry[0] += weight / (RRF_K + rank)
+            entry[0] += weight * part
             entry[1][name] = {"rank": rank, "score": round(score, 6)}
     return sorted(
         ((rid, score, per_path) for rid, (score, per_path) in fused.items()), key=lambda x: (-x[1], x[0])
     )
+
+
+FUSIONS = {"score": score_fusion, "rrf": rrf}
 
 
 def fuse(
@@ -83,11 +149,13 @@ def fuse(
     query: dict,
     k: int,
     weights: dict[str, float] | None = None,
+    fusion: str = "score",
 ) -> list[Hit]:
-    """The top `k` of RRF, records dated outside the query's time (if it states one) after the rest, each
-    group in RRF order. Records are read a few more than `k` at a time, in fused order, only until `k`
-    are known to come first: a search reads about `k` records, not every candidate of every path."""
-    fused = rrf(paths, weights)
+    """The top `k` of the fusion (`FUSIONS`), records dated outside the query's time (if it states one)
+    after the rest, each group in fused order. Records are read a few more than `k` at a time, in fused
+    order, only until `k` are known to come first: a search reads about `k` records, not every candidate
+    of every path."""
+    fused = FUSIONS[fusion](paths, weights)
     span = parse_span(query["time"]) if query.get("time") else None
     first, dated_elsewhere = [], []
     step = max(2 * k, 20)
