@@ -93,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--k", type=int, help="memories retrieved per question (default 10)")
     q.add_argument("--categories", type=int_list, help="LoCoMo categories, default 1,2,3,4 (5: adversarial)")
     q.add_argument("--limit", type=int, help="at most this many questions (smoke runs)")
+    q.add_argument(
+        "--full-context",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the whole conversation in the answer prompt instead of retrieved memories (the baseline)",
+    )
+    q.add_argument("--runs", type=int, help="answer and judge every question this many times (mean ± std)")
+    q.add_argument("--judge-max-tokens", type=int, help="the judge's token budget (default 256)")
     q.add_argument("--out", help="run folder (metrics.json, answers.jsonl, cache, store)")
 
     c = sub.add_parser("compare", help="two extraction runs side by side, with deltas")
@@ -190,6 +198,9 @@ def run_qa_cli(args: argparse.Namespace) -> int:
         set(cfg.categories),
         cfg.limit,
         cfg.labels,
+        cfg.full_context,
+        cfg.runs,
+        cfg.judge_max_tokens,
     )
     print(format_table(metrics))
     return 0

@@ -48,6 +48,9 @@ class QARun(Section):
     k: int = Field(10, ge=1)
     categories: list[int] = [1, 2, 3, 4]  # LoCoMo categories (5: adversarial)
     limit: int | None = Field(None, ge=1)
+    full_context: bool = False  # the whole conversation in the answer prompt (the baseline to beat)
+    runs: int = Field(1, ge=1)  # each question answered and judged this many times: mean ± std
+    judge_max_tokens: int = Field(256, ge=1)  # room for a judge that reasons before its verdict
 
 
 MemorySet = Literal[
@@ -123,6 +126,9 @@ FLAGS = {
         "k": "k",
         "categories": "categories",
         "limit": "limit",
+        "full_context": "full_context",
+        "runs": "runs",
+        "judge_max_tokens": "judge_max_tokens",
     },
     "retrieval": {
         "benchmark": "benchmark",

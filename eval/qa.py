@@ -10,10 +10,18 @@ LoCoMo: categories 1-4 (5, adversarial, with --categories 1,2,3,4,5), lenient CO
 LongMemEval: one question per instance, judged with its question type's criterion (eval/prompts/qa.v1.yaml).
 Answers and judgments are cached in DIR/cache.sqlite and the store persists in DIR/memory.sqlite, so a
 killed run resumes without re-ingesting or re-asking.
+
+`--full-context` answers from the whole conversation instead (the baseline a memory must beat on cost
+at equal accuracy); `--runs N` answers and judges every question N times (mean ± std). A judge reply
+with no verdict is asked once more, then counted as a judge failure: never correct, and reported
+(`judge_failures`, `judge_failure_rate`). The judge gets `--judge-max-tokens` (256) to reason first.
+metrics.json pins the prompts (file, version, sha256) and gives answer prompt tokens per question as
+the answer model's server counted them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -32,6 +40,7 @@ from dimmem.llm import ModelClient
 from dimmem.runtime.labels import label_memories
 from dimmem.runtime.memory import Memory
 from eval.metrics import token_f1, tokens
+from eval.retrieval import context_line
 
 PROMPTS = Path(__file__).parent / "prompts" / "qa.v1.yaml"
 
@@ -88,9 +97,62 @@ def questions(conv, benchmark: str, categories: set[int]) -> list[dict]:
     return out
 
 
-def ask(client: ModelClient, qid: str, messages: list[dict], max_tokens: int) -> Completion:
-    """A free-text answer, from the client's cache when this exact request was answered before."""
-    return client.send(client.body(None, messages, max_tokens), label=qid)
+def ask(client: ModelClient, qid: str, messages: list[dict], max_tokens: int, salt=None) -> Completion:
+    """A free-text answer, from the client's cache when this exact request was answered before (`salt`:
+    another run of the same request, asked anew)."""
+    return client.send(client.body(None, messages, max_tokens), salt=salt, label=qid)
+
+
+_VERDICT = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b")
+_THINKING = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+REASK = "\n\nReply with exactly one word: CORRECT or WRONG."
+
+
+def verdict(text: str) -> str | None:
+    """CORRECT, WRONG, or None when the judge's reply says neither. Reasoning before the verdict is
+    allowed (the last upper-case CORRECT / WRONG / INCORRECT wins, `<think>` blocks skipped), as is a
+    JSON object holding it or the one word in any case; "is not correct" in prose is not a verdict."""
+    text = _THINKING.sub("", text).strip()
+    try:
+        value = json.loads(text)
+        if isinstance(value, dict):
+            text = " ".join(str(v) for v in value.values())
+    except ValueError:
+        pass
+    if word := re.fullmatch(r"\W*(correct|incorrect|wrong)\W*", text, re.IGNORECASE):
+        found = word.group(1).upper()
+    else:
+        found = (_VERDICT.findall(text) or [None])[-1]
+    return {"CORRECT": "CORRECT", "INCORRECT": "WRONG", "WRONG": "WRONG"}.get(found) if found else None
+
+
+def judge_answer(judge: ModelClient, qid: str, messages: list[dict], max_tokens: int, salt=None) -> dict:
+    """The judge's verdict, asked once more with a stricter instruction when its reply holds none; then a
+    judge failure (counted apart, never silently WRONG)."""
+    replies = []
+    for attempt in range(2):
+        if attempt:  # the same grading prompt, ending in the instruction to answer in one word
+            messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + REASK}]
+        reply = ask(judge, qid, messages, max_tokens, salt).text.strip()
+        replies.append(reply)
+        if (found := verdict(reply)) is not None:
+            return {"verdict": found, "judge_replies": replies, "judge_failed": False}
+    return {"verdict": None, "judge_replies": replies, "judge_failed": True}
+
+
+def prompt_pin() -> dict:
+    """Which answer and judge prompts a run used: the file, its version and the hash of its text."""
+    text = PROMPTS.read_text(encoding="utf-8")
+    return {
+        "file": f"eval/prompts/{PROMPTS.name}",
+        "version": yaml.safe_load(text)["version"],
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+
+
+def turn_lines(conv) -> list[str]:
+    """The whole conversation as the answer prompt's memory lines (the full-context baseline)."""
+    return [f"- [{(t.session_time or '')[:10] or 'undated'}] {t.speaker}: {t.text}" for t in conv.turns]
 
 
 def run_qa(
@@ -104,8 +166,14 @@ def run_qa(
     categories: set[int],
     limit: int | None = None,
     labels: str | None = None,
+    full_context: bool = False,
+    runs: int = 1,
+    judge_max_tokens: int = 256,
 ) -> dict:
-    """Answers and judgments go through the clients' response cache (the CLI keeps it in OUT/cache.sqlite)."""
+    """Answers and judgments go through the clients' response cache (the CLI keeps it in OUT/cache.sqlite).
+    `full_context`: the whole conversation in the answer prompt instead of retrieved memories (nothing is
+    ingested). `runs`: every question answered and judged that many times (run r > 0 asks anew; with a
+    sampling temperature the runs differ), reported as mean and standard deviation."""
     out.mkdir(parents=True, exist_ok=True)
     conversations = load_conversations(benchmark, input_path)
     by_conversation = label_memories(labels) if labels else None
@@ -113,7 +181,10 @@ def run_qa(
     todo = [(conv, q) for conv in conversations for q in questions(conv, benchmark, categories)][:limit]
     needed = list(dict.fromkeys(conv.id for conv, _ in todo))
     for conv in tqdm(
-        [c for c in conversations if c.id in needed], desc="ingesting", unit="conv", disable=None
+        [c for c in conversations if c.id in needed and not full_context],
+        desc="ingesting",
+        unit="conv",
+        disable=None,
     ):
         if memory.store.has_turns(conv.id):
             continue  # already in the store from an earlier (interrupted) run
@@ -123,43 +194,53 @@ def run_qa(
             memory.add(conv, user_id=conv.id)
         ingested += 1
     template = prompts()
-    for conv, q in tqdm(todo, desc="answering", unit="question", disable=None):
-        start = time.perf_counter()
-        result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
-        search_seconds.append(time.perf_counter() - start)
-        memories = [
-            f"- [{h.record.get('time') or (h.record.get('session_time') or '')[:10] or 'undated'}] "
-            f"{h.record['content']}"
-            for h in result.hits
-        ]
-        assistant = [f"- {t['text']}" for t in result.assistant_context]
+    for run, (conv, q) in tqdm(
+        [(r, item) for r in range(runs) for item in todo], desc="answering", unit="question", disable=None
+    ):
+        salt = run or None  # run 0 is the request a single run makes (its cache entries stay valid)
+        if full_context:
+            memories, assistant, hits, recall = turn_lines(conv), [], [], False
+        else:
+            start = time.perf_counter()
+            result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
+            search_seconds.append(time.perf_counter() - start)
+            memories = [context_line(h.record) for h in result.hits]
+            assistant = [f"- {t['text']}" for t in result.assistant_context]
+            hits, recall = (
+                [h.record["id"] for h in result.hits],
+                bool(result.query.get("need_assistant_context")),
+            )
         messages = template["answer"].render(
             memories=memories, assistant=assistant, question=q["question"], today=human_date(q["reference"])
         )
-        given = ask(answer, q["id"], messages, 128)
+        given = ask(answer, q["id"], messages, 128, salt)
         given_text = given.text.strip()
         criterion = template["criteria"].get(q["category"], "") if benchmark == "longmemeval" else ""
-        verdict = ask(
+        judged = judge_answer(
             judge,
             q["id"],
             template["judge"].render(
                 question=q["question"], gold=q["gold"], answer=given_text, criterion=criterion
             ),
-            8,
+            judge_max_tokens,
+            salt,
         )
-        verdict_text = verdict.text.strip()
         rows.append(
             {
                 **q,
+                "run": run,
                 "answer": given_text,
-                "judgment": verdict_text,
-                "correct": bool(re.match(r"\W*correct\b", verdict_text, re.IGNORECASE)),
+                "judgment": judged["verdict"] or judged["judge_replies"][-1],
+                "judge_replies": judged["judge_replies"],
+                "judge_failed": judged["judge_failed"],
+                "correct": judged["verdict"] == "CORRECT",
                 "f1": token_f1(given_text, q["gold"]),
                 "bleu1": bleu1(given_text, q["gold"]),
                 "context_words": sum(len(line.split()) for line in memories + assistant),
-                "assistant_recall": bool(result.query.get("need_assistant_context")),
+                "answer_prompt_tokens": given.input_tokens,
+                "assistant_recall": recall,
                 "answer_seconds": given.seconds,
-                "hits": [h.record["id"] for h in result.hits],
+                "hits": hits,
             }
         )
     with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
@@ -167,10 +248,13 @@ def run_qa(
     metrics = summarize(rows, search_seconds)
     metrics.update(
         benchmark=benchmark,
-        k=k,
+        mode="full-context" if full_context else "memory",
+        k=None if full_context else k,
         conversations_ingested=ingested,
         answer_model=answer.model,
         judge_model=judge.model,
+        judge_max_tokens=judge_max_tokens,
+        prompts=prompt_pin(),
     )
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
@@ -186,13 +270,24 @@ def summarize(rows: list[dict], search_seconds: list[float]) -> dict:
         }
 
     by_category: dict[str, list[dict]] = defaultdict(list)
+    by_run: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
         by_category[r["category"]].append(r)
+        by_run[r.get("run", 0)].append(r)
     ms = np.array(search_seconds or [0.0]) * 1000
+    tokens = [r["answer_prompt_tokens"] for r in rows if r.get("answer_prompt_tokens") is not None]
+    per_run = [block(group)["judge_accuracy"] for _, group in sorted(by_run.items())]
     return {
         **(block(rows) if rows else {"questions": 0}),
+        "runs": len(by_run),
+        # per run, then over runs: a judge's (or a sampling answerer's) spread beside its accuracy
+        "judge_accuracy_per_run": per_run,
+        "judge_accuracy_std": float(np.std(per_run)) if per_run else 0.0,
+        "judge_failures": sum(r.get("judge_failed", False) for r in rows),
+        "judge_failure_rate": float(np.mean([r.get("judge_failed", False) for r in rows])) if rows else 0.0,
         "by_category": {c: block(g) for c, g in sorted(by_category.items())},
         "context_words_per_query": float(np.mean([r["context_words"] for r in rows])) if rows else 0.0,
+        "answer_prompt_tokens_per_query": float(np.mean(tokens)) if tokens else None,
         "assistant_recall_rate": float(np.mean([r["assistant_recall"] for r in rows])) if rows else 0.0,
         "search_ms": {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))},
     }
@@ -204,8 +299,19 @@ def format_table(metrics: dict) -> str:
         lines.append(
             f"| {name} | {b['questions']} | {b['judge_accuracy']:.3f} | {b['f1']:.3f} | {b['bleu1']:.3f} |"
         )
-    return "\n".join(lines) + (
-        f"\n\ncontext words/query {metrics['context_words_per_query']:.0f}, assistant recall "
+    tokens = metrics.get("answer_prompt_tokens_per_query")
+    lines += [
+        "",
+        f"{metrics['mode']}: judge accuracy {metrics['judge_accuracy']:.3f}"
+        f" ± {metrics['judge_accuracy_std']:.3f} over {metrics['runs']} run(s);"
+        f" judge failures {metrics['judge_failures']}"
+        f" ({metrics['judge_failure_rate']:.1%}, not counted correct)",
+        f"answer prompt tokens/query {tokens:.0f}"
+        if tokens is not None
+        else "answer prompt tokens: not reported",
+        f"context words/query {metrics['context_words_per_query']:.0f}, assistant recall "
         f"{metrics['assistant_recall_rate']:.1%}, search p50/p95 {metrics['search_ms']['p50']:.0f}/"
-        f"{metrics['search_ms']['p95']:.0f} ms"
-    )
+        f"{metrics['search_ms']['p95']:.0f} ms; "
+        f"prompts {metrics['prompts']['file']} v{metrics['prompts']['version']}",
+    ]
+    return "\n".join(lines)

@@ -169,7 +169,7 @@ def plot_recall_tokens(result: dict, path: Path) -> Path:
     ax.set_ylabel("fused recall@k")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center right")
     ax.set_title(f"Toy world: {result['questions']['all']} questions with known evidence")
     fig.tight_layout()
     path = Path(path)

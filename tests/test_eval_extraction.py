@@ -412,3 +412,53 @@ def test_longmemeval_questions_are_judged_by_their_type():
     assert bleu1("the cat sat", "the cat sat") == 1.0 and bleu1("cat", "the cat sat") == pytest.approx(
         float(np.exp(1 - 2 / 1))
     )  # "the" is normalised away
+
+
+@pytest.mark.integration
+def test_memory_qa_reasks_a_judge_without_verdict_and_counts_its_failures(tmp_path, locomo_path, capsys):
+    """A judge reply with no verdict is asked once more, then counted as a failure (never silently
+    WRONG); the full-context baseline answers from the whole conversation; runs repeat with mean ± std."""
+    from datagen_helpers import FakeServer
+
+    from dimmem.cli import main
+
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(json.loads(locomo_path.read_text())[:1]))
+    script = {  # per question: the answer, the judgment, the judgment asked again
+        "Question: When did Melanie paint a sunrise?": ["ok", "nonjson", "ok"],
+        "Question: What did Caroline research?": ["ok", "nonjson", "nonjson"],
+    }
+    srv = FakeServer(tmp_path, script=script)
+    try:
+        common = ["eval", "qa", "--benchmark", "locomo", "--input", str(one), "--limit", "4"]
+        for role in ("answer", "judge"):
+            common += [f"--{role}-base-url", srv.base_url, f"--{role}-model", role]
+        assert main([*common, "--k", "5", "--out", str(tmp_path / "qa")]) == 0
+        assert srv.requests() == 4 + 4 + 2  # answers, judgments, two asked again
+        metrics = json.loads((tmp_path / "qa" / "metrics.json").read_text())
+        rows = {r["question"]: r for r in map(json.loads, (tmp_path / "qa" / "answers.jsonl").open())}
+        recovered, failed = rows["When did Melanie paint a sunrise?"], rows["What did Caroline research?"]
+        assert len(recovered["judge_replies"]) == 2 and recovered["judgment"] in ("CORRECT", "WRONG")
+        assert not recovered["judge_failed"]
+        assert failed["judge_failed"] and not failed["correct"] and failed["judgment"].startswith("Sure!")
+        assert metrics["judge_failures"] == 1 and metrics["judge_failure_rate"] == 0.25
+        assert metrics["judge_max_tokens"] == 256 and metrics["mode"] == "memory"
+        assert (
+            metrics["prompts"]["file"] == "eval/prompts/qa.v1.yaml"
+            and len(metrics["prompts"]["sha256"]) == 64
+        )
+        memory_tokens = metrics["answer_prompt_tokens_per_query"]
+        assert memory_tokens > 0 and "judge failures 1 (25.0%" in capsys.readouterr().out
+
+        out = tmp_path / "full"
+        assert main([*common, "--full-context", "--runs", "2", "--out", str(out)]) == 0
+        full = json.loads((out / "metrics.json").read_text())
+        answers = [json.loads(line) for line in (out / "answers.jsonl").open()]
+        assert full["mode"] == "full-context" and full["conversations_ingested"] == 0 and full["k"] is None
+        assert full["runs"] == 2 and len(full["judge_accuracy_per_run"]) == 2 and full["questions"] == 8
+        assert {r["run"] for r in answers} == {0, 1} and all(r["hits"] == [] for r in answers)
+        # the whole conversation (419 turns) costs far more prompt than 5 retrieved memories
+        assert full["answer_prompt_tokens_per_query"] > 10 * memory_tokens
+        assert full["judge_failure_rate"] == full["judge_failures"] / 8 > 0
+    finally:
+        srv.stop()

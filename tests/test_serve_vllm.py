@@ -307,3 +307,30 @@ def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
         )
         assert http("GET", record_path, "key-b")[0] == 404
         assert http("POST", f"{api}/v1/search", "wrong", {"user_id": "ann", "query": "x"})[0] == 401
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@needs_vllm
+def test_memory_qa_against_vllm_reports_a_judge_that_gives_no_verdict(served, tmp_path):
+    """`dimmem eval qa` with the served tiny model as answerer and judge. The model was trained only to
+    extract, so its grades are rarely CORRECT or WRONG: every question ends with a verdict or a counted
+    judge failure, asked twice, and the prompt tokens are vLLM's own count."""
+    from dimmem.cli import main
+
+    _, url = served
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(json.loads(shared_data("locomo/locomo10.json").read_text())[:1]))
+    args = ["eval", "qa", "--benchmark", "locomo", "--input", str(one), "--limit", "3", "--k", "3"]
+    for role in ("answer", "judge"):
+        args += [f"--{role}-base-url", url, f"--{role}-model", "dimmem-extractor"]
+    assert main([*args, "--judge-max-tokens", "64", "--out", str(tmp_path / "qa")]) == 0
+    metrics = json.loads((tmp_path / "qa" / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "qa" / "answers.jsonl").open()]
+    assert metrics["questions"] == len(rows) == 3 and metrics["judge_max_tokens"] == 64
+    for row in rows:
+        assert row["judge_failed"] == (row["judgment"] not in ("CORRECT", "WRONG"))
+        assert len(row["judge_replies"]) in ((2,) if row["judge_failed"] else (1, 2))
+        assert row["answer_prompt_tokens"] > 0  # vLLM's usage, not an estimate
+    assert metrics["judge_failures"] == sum(r["judge_failed"] for r in rows)
+    assert metrics["judge_failure_rate"] == pytest.approx(metrics["judge_failures"] / 3)
