@@ -68,6 +68,7 @@ class ToyRetrieval(Section):
     sessions: int = Field(8, ge=1)
     stories_per_session: int = Field(5, ge=1)
     questions_per_class: int = Field(4, ge=1)  # per dialogue
+    assistant_chats: int = Field(8, ge=0)  # user-assistant chats for assistant recall (0: not measured)
     sets: list[MemorySet] = list(get_args(MemorySet))
     # name -> a local Hugging Face model or export folder whose extracted records are a memory set too
     extractors: dict[str, str] = {}

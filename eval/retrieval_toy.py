@@ -16,7 +16,7 @@ dialogue under its own user:
   or export folder: the demo's trained tiny model and its untrained base), which extracts the world's
   windows (answers cached, so a re-run generates nothing).
 
-Every question (eval/toy_questions.py) is parsed by the rule parser on its own reference date and ranked
+Every question (eval/toy_truth.py) is parsed by the rule parser on its own reference date and ranked
 by every path and fusion (eval/retrieval.py). Per class and overall: recall@k, MRR, current-fact
 accuracy (update questions: the current home ranked in the top 10 above every record of a home it
 replaced) and context tokens per question at k (the fused top k as the answer prompt lists them, counted
@@ -36,34 +36,16 @@ from tqdm import tqdm
 
 from dimmem.cache import ResponseCache
 from dimmem.contract.records import MEMORY_FIELDS
-from dimmem.contract.toyworld import ToyDialogue, TruthRecord, generate_world
+from dimmem.contract.toyworld import ToyDialogue, generate_world
 from dimmem.contract.validate import parse_json
 from dimmem.contract.windows import Window
 from dimmem.runtime.embed import TextEncoder
 from dimmem.runtime.memory import Memory
 from eval.retrieval import RANKINGS, ContextTokens, question_rankings, turn_records
-from eval.toy_questions import CLASSES, Question, dialogue_questions
+from eval.retrieval_assistant import format_assistant_recall, run_assistant_recall
+from eval.toy_truth import CLASSES, Question, dialogue_questions, truth_records
 
 CURRENT_AT = 10  # current-fact accuracy: the current value within this many results
-
-
-def truth_records(dialogue: ToyDialogue, content_only: bool = False) -> list[dict]:
-    """The dialogue's ground-truth records as the runtime stores them (optionally without dimensions)."""
-    times = {t.id: t.session_time for t in dialogue.conversation.turns}
-
-    def row(rec: TruthRecord) -> dict:
-        fields = rec.answer(rec.source_turns)
-        if content_only:
-            fields.update(type="fact", time=None, location=None, reason=None, purpose=None)
-            fields["keywords"] = [rec.speaker]
-        return {
-            **fields,
-            "id": rec.id,
-            "conversation_id": dialogue.conversation.id,
-            "session_time": times[rec.source_turns[-1]],
-        }
-
-    return [row(rec) for rec in dialogue.records]
 
 
 class OracleConsolidator:
@@ -268,6 +250,12 @@ def run_toy(
         "extraction": extraction,
         "sets": {},
     }
+    if cfg.assistant_chats:
+        k = 10 if 10 in ks else max(ks)
+        others = [(q.question, q.reference_date) for q in questions]
+        result["assistant_recall"] = run_assistant_recall(
+            cfg.assistant_chats, cfg.seed, k, fresh_memory, count_tokens, others
+        )
     for name, by_conversation, consolidate in tqdm(plans, desc="memory sets", unit="set", disable=None):
         # consolidate: False (stored as given), True (the runtime's rules) or a consolidator
         memory = fresh_memory(None if isinstance(consolidate, bool) else consolidate)
@@ -330,6 +318,8 @@ def format_toy(result: dict) -> str:
             + f"{fused['all'][f'recall@{k10}'] - best:+.3f} |"
         )
     lines += ["", *equal_recall_lines(result, k10)]
+    if "assistant_recall" in result:
+        lines += ["", *format_assistant_recall(result["assistant_recall"])]
     classes = [c for c in CLASSES if result["questions"].get(c)]
     lines += [
         "",

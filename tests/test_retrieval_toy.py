@@ -9,8 +9,8 @@ import pytest
 from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.toyworld import generate_world
 from dimmem.runtime.query import parse_query_rules
-from eval.retrieval_toy import OracleConsolidator, score_facts, truth_records
-from eval.toy_questions import CLASSES, Question, dialogue_questions
+from eval.retrieval_toy import OracleConsolidator, score_facts
+from eval.toy_truth import CLASSES, Question, dialogue_questions, truth_records
 
 WORLD = generate_world(6, seed=1000, sessions=8, stories_per_session=5)
 
@@ -110,6 +110,11 @@ def test_toy_benchmark_shows_what_records_and_their_dimensions_buy(tmp_path, cap
     printed = capsys.readouterr().out
     assert "| records+consolidation |" in printed and "context tokens per question to reach" in printed
     assert out.with_suffix(".png").stat().st_size > 10_000  # recall against context tokens, per set
+    recall = result["assistant_recall"]  # triggered about as often as needed, and the reply is there
+    assert recall["trigger_rate"] <= 1.5 * recall["needing_share"] and recall["needing_assistant"] > 10
+    assert recall["recall_when_needed"]["dynamic"] >= 0.9 and recall["recall_when_needed"]["never"] == 0.0
+    spent = recall["context_tokens_per_question"]
+    assert spent["never"] < spent["dynamic"] < spent["always"]
 
 
 @pytest.mark.slow
@@ -145,3 +150,19 @@ def test_toy_benchmark_extracts_with_a_local_model_and_caches_its_answers(tmp_pa
     assert main(args) == 0  # answered from OUT's cache
     again = json.loads(out.read_text())["extraction"]["random"]
     assert again["generated"] == 0 and again["windows"] == counts["windows"]
+
+
+def test_assistant_chats_point_at_the_user_turn_and_ask_for_the_reply():
+    from dimmem.contract.toyworld import generate_assistant_chat
+
+    chat = generate_assistant_chat(0, seed=1000)
+    turns = {t.id: t for t in chat.conversation.turns}
+    order = [t.id for t in chat.conversation.turns]
+    assert {t.role for t in turns.values()} == {"user", "assistant"}
+    assert all(turns[t].role == "user" for r in chat.records for t in r.source_turns)
+    for question, reply, asked in chat.questions:
+        parsed = parse_query_rules(question, "2024-01-01")
+        assert parsed["need_assistant_context"] == (reply is not None), question
+        if reply is not None:  # the reply follows the request it answers
+            assert turns[reply].role == "assistant" and order.index(reply) == order.index(asked) + 1
+    assert any(r.type == "episodic" for r in chat.records)  # the user's own news is there too

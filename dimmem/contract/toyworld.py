@@ -226,6 +226,7 @@ class _Writer:
         self.session = 0
         self.when: datetime | None = None
         self.n = 0
+        self.roles: dict[str, str] = {}  # speaker -> turn role (default: participant)
 
     def new_session(self, when: datetime) -> None:
         self.session, self.when, self.n = self.session + 1, when, 0
@@ -235,7 +236,7 @@ class _Writer:
         turn = Turn(
             id=f"D{self.session}:{self.n}",
             speaker=speaker,
-            role="participant",
+            role=self.roles.get(speaker, "participant"),
             text=text,
             session_id=f"S{self.session}",
             session_time=self.when.isoformat(timespec="minutes"),
@@ -271,6 +272,13 @@ class _Writer:
         )
         self.records.append(rec)
         return rec
+
+
+def _when_text(iso: str) -> str:
+    """A record time as a record's content states it: 'on 2023-05-07', 'in 2023-05', 'during A to B'."""
+    if len(iso) == 7:
+        return f"in {iso}"
+    return f"during {iso.replace('/', ' to ')}" if "/" in iso else f"on {iso}"
 
 
 def _third(phrase: str | None, pron: str, pos: str) -> str | None:
@@ -357,11 +365,7 @@ def _story(w: _Writer, rng: random.Random, name: str, pron: str, listener: str, 
         text += f" because {reason}" if reason else ""
         text += f", {purpose}" if purpose else ""
         turn = w.say(name, text + ".")
-        when_text = (
-            f"in {iso}"
-            if len(iso) == 7
-            else (f"during {iso.replace('/', ' to ')}" if "/" in iso else f"on {iso}")
-        )
+        when_text = _when_text(iso)
         content = f"{name} {theirs}{f' at {place}' if place else ''} {when_text}"
         content += f" because {_third(reason, pron, pos)}" if reason else ""
         content += f", {_third(purpose, pron, pos)}" if purpose else ""
@@ -465,3 +469,126 @@ def generate_world(
     n_dialogues: int, seed: int = 0, sessions: int = 4, stories_per_session: int = 4
 ) -> list[ToyDialogue]:
     return [generate_dialogue(i, seed, sessions, stories_per_session) for i in range(n_dialogues)]
+
+
+# User-assistant chats: the user asks for help, the assistant recommends, explains or promises; a memory
+# holds what the user said and points at the turn, so the assistant's own reply is recalled through it.
+# (topic keyword, what the user says, what the assistant replies, the record's content,
+#  a question that needs the assistant's reply, a question about what the user said)
+ADVICE = [
+    (
+        "knee",
+        "My knee has been sore since my run {phrase}.",
+        "I'd suggest icing it for 20 minutes twice a day and swimming instead of running for two weeks.",
+        "{name}'s knee has been sore since a run {when}.",
+        "What did you suggest for my knee?",
+        "What happened to my knee?",
+    ),
+    (
+        "sleep",
+        "I keep waking up at 3am and can't fall asleep again.",
+        "Try keeping your phone out of the bedroom and going to bed at 10:30 every night.",
+        "{name} keeps waking up at 3am and cannot fall asleep again.",
+        "What did you recommend for my sleep?",
+        "What trouble do I have at night?",
+    ),
+    (
+        "savings",
+        "I want to save enough for a trip to Japan.",
+        "I recommend putting 15% of each paycheck into a separate savings account.",
+        "{name} wants to save enough for a trip to Japan.",
+        "Remind me what you told me about saving money?",
+        "Where do I want to travel?",
+    ),
+    (
+        "book",
+        "I'm looking for a good science fiction novel to read.",
+        "You might enjoy The Left Hand of Darkness by Ursula K. Le Guin.",
+        "{name} asked for a good science fiction novel to read.",
+        "Which book did you recommend to me?",
+        "What kind of novel am I looking for?",
+    ),
+    (
+        "basil",
+        "My basil plant is wilting on the windowsill.",
+        "Water it only when the top inch of soil is dry and give it six hours of sun.",
+        "{name}'s basil plant is wilting on the windowsill.",
+        "What did you tell me to do about my basil?",
+        "Which of my plants is wilting?",
+    ),
+    (
+        "spanish",
+        "I'm learning Spanish but I keep forgetting new words.",
+        "I suggest fifteen minutes of spaced-repetition flashcards every morning.",
+        "{name} is learning Spanish and keeps forgetting new words.",
+        "What did you suggest for my Spanish?",
+        "Which language am I learning?",
+    ),
+    (
+        "dentist",
+        "Can you remind me about my dentist appointment next Monday?",
+        "I promise to remind you: the dentist appointment is next Monday at 9am.",
+        "{name} asked to be reminded about a dentist appointment next Monday.",
+        "What did you promise to remind me about?",
+        "What appointment do I have?",
+    ),
+    (
+        "chickpeas",
+        "What can I cook with the chickpeas in my pantry?",
+        "Try a chickpea curry with coconut milk, spinach and cumin.",
+        "{name} asked what to cook with the chickpeas in the pantry.",
+        "What recipe did you give me?",
+        "What do I have in my pantry?",
+    ),
+]
+ASSISTANT_OPENERS = ["Hi! How can I help today?", "Hello again, what's on your mind?"]
+
+
+@dataclass
+class AssistantChat:
+    conversation: Conversation
+    records: list[TruthRecord]
+    # (question, the assistant turn that answers it, or None; the user turn it is about)
+    questions: list[tuple[str, str | None, str]]
+
+
+def generate_assistant_chat(
+    index: int, seed: int, sessions: int = 4, stories_per_session: int = 2
+) -> AssistantChat:
+    """One user's chats with an assistant: each session two or three requests for help, each answered
+    with a recommendation, an explanation or a promise, and the user's own news between them (the toy
+    world's stories). Records state what the user said (pointing at the user turn); each request gets
+    a question that needs the assistant's reply and one that does not."""
+    rng = random.Random(f"{seed}:assistant:{index}")
+    name, pron = rng.choice(PEOPLE)
+    w = _Writer(f"chat-{index:04d}", rng)
+    w.roles = {name: "user", "assistant": "assistant"}
+    homes: dict[str, TruthRecord] = {}
+    when = datetime(2023, 1, 2, 9, 0) + timedelta(days=rng.randrange(300))
+    topics = rng.sample(ADVICE, min(len(ADVICE), sessions * 3))
+    questions = []
+    for session in range(sessions):
+        w.new_session(when)
+        w.say("assistant", rng.choice(ASSISTANT_OPENERS))
+        for keyword, said, reply, content, needs, about in topics[
+            session * 3 : session * 3 + rng.choice([2, 3])
+        ]:
+            phrase, iso = _relative(rng, when.date(), future=False)
+            asked = w.say(name, said.format(phrase=phrase))
+            answered = w.say("assistant", reply)
+            w.record(
+                [asked],
+                name,
+                content.format(name=name, when=_when_text(iso)),
+                "episodic" if "{phrase}" in said else "fact",
+                [name, keyword],
+                time=iso if "{phrase}" in said else None,
+            )
+            questions += [(needs, answered, asked), (about, None, asked)]
+            for _ in range(stories_per_session):  # the user's own news: the records the help competes with
+                _story(w, rng, name, pron, "assistant", homes)
+            if rng.random() < 0.5:
+                w.say(name, rng.choice(["Thanks!", "Great, thank you.", "I'll try that."]))
+        when += timedelta(days=rng.randrange(4, 25))
+    conversation = Conversation(w.conv_id, w.turns, {"source": "toy-assistant", "seed": seed})
+    return AssistantChat(conversation, w.records, questions)

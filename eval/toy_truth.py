@@ -1,4 +1,5 @@
-"""Retrieval questions over a toy-world dialogue, with known evidence (the conversation turns of the
+"""The toy world's ground truth for the retrieval benchmark: its records as the runtime stores them
+(`truth_records`), and retrieval questions over a dialogue with known evidence (the conversation turns of the
 ground-truth records that answer them), in classes that exercise each dimension:
 
 - `time`: "What did Bob do on May 7, 2023?", or "... yesterday?" / "last week" / "last month" with a
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from dimmem.contract.timespan import overlaps, parse_span
-from dimmem.contract.toyworld import ToyDialogue, TruthRecord
+from dimmem.contract.toyworld import AssistantChat, ToyDialogue, TruthRecord
 
 CLASSES = ("time", "location", "update", "profile", "content")
 
@@ -192,3 +193,22 @@ def dialogue_questions(dialogue: ToyDialogue, seed: int, per_class: int) -> list
         unique = list({(q.question, q.reference_date): q for q in candidates[kind]}.values())
         out += sorted(rng.sample(unique, min(per_class, len(unique))), key=lambda q: q.id)
     return out
+
+
+def truth_records(dialogue: ToyDialogue | AssistantChat, content_only: bool = False) -> list[dict]:
+    """The dialogue's ground-truth records as the runtime stores them (optionally without dimensions)."""
+    times = {t.id: t.session_time for t in dialogue.conversation.turns}
+
+    def row(rec: TruthRecord) -> dict:
+        fields = rec.answer(rec.source_turns)
+        if content_only:
+            fields.update(type="fact", time=None, location=None, reason=None, purpose=None)
+            fields["keywords"] = [rec.speaker]
+        return {
+            **fields,
+            "id": rec.id,
+            "conversation_id": dialogue.conversation.id,
+            "session_time": times[rec.source_turns[-1]],
+        }
+
+    return [row(rec) for rec in dialogue.records]
