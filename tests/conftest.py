@@ -127,3 +127,21 @@ def toy_dataset(tmp_path_factory):
         show_progress=False,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def random_tiny_model(toy_dataset, tmp_path_factory):
+    """A random one-layer Qwen3 with a tokenizer retrained on the toy dataset: it writes no JSON."""
+    from train.tiny import build_tiny_base
+
+    return build_tiny_base(
+        tmp_path_factory.mktemp("random-tiny") / "base",
+        toy_dataset / "dataset",
+        str(shared_data("qwen3-tokenizer")),
+        vocab_size=600,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    )

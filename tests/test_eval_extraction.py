@@ -260,22 +260,10 @@ def test_endpoint_mode_caches_and_resumes(toy_dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_hf_model_mode_generates_with_the_chat_template(toy_dataset, tmp_path):
+def test_hf_model_mode_generates_with_the_chat_template(random_tiny_model, toy_dataset, tmp_path):
     from dimmem.cli import main
-    from dimmem.paths import shared_data
-    from train.tiny import build_tiny_base
 
-    base = build_tiny_base(
-        tmp_path / "base",
-        toy_dataset / "dataset",
-        str(shared_data("qwen3-tokenizer")),
-        vocab_size=600,
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    )
+    base = random_tiny_model
     args = [
         "eval",
         "extraction",

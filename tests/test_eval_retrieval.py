@@ -47,8 +47,10 @@ def test_retrieval_command_on_one_conversation(tmp_path, locomo_path, capsys):
     result = json.loads(out.read_text())
     assert result["questions"] > 100 and result["records"] == 419
     for name in ("bm25", "dense", "dimension", "fused"):
-        assert set(result[name]) == {"recall@5", "recall@10", "mrr"}
+        assert set(result[name]) == {"recall@5", "recall@10", "mrr", "tokens@5", "tokens@10"}
         assert 0.0 <= result[name]["recall@5"] <= result[name]["recall@10"] <= 1.0
+        assert 0 < result[name]["tokens@5"] < result[name]["tokens@10"]  # context tokens per question
+    assert result["fused"]["recall@10"] >= max(result[p]["recall@10"] for p in ("bm25", "dense", "dimension"))
     assert (
         result["bm25"]["recall@10"] > 0.3 and result["dense"]["recall@10"] > 0.3
     )  # real retrieval, not noise

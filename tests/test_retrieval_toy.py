@@ -118,24 +118,12 @@ def test_toy_benchmark_shows_what_records_and_their_dimensions_buy(tmp_path, cap
 
 
 @pytest.mark.slow
-def test_toy_benchmark_extracts_with_a_local_model_and_caches_its_answers(tmp_path, toy_dataset):
+def test_toy_benchmark_extracts_with_a_local_model_and_caches_its_answers(tmp_path, random_tiny_model):
     """A random tiny Qwen3 as the extractor: every window is generated (and fails to parse: the model
     writes no JSON), its memory sets are empty but scored, and a re-run generates nothing."""
     from dimmem.cli import main
-    from dimmem.paths import shared_data
-    from train.tiny import build_tiny_base
 
-    base = build_tiny_base(
-        tmp_path / "base",
-        toy_dataset / "dataset",
-        str(shared_data("qwen3-tokenizer")),
-        vocab_size=600,
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    )
+    base = random_tiny_model
     out = tmp_path / "toy.json"
     args = ["eval", "retrieval", "--benchmark", "toy", "--extractor", f"random={base}", "--out", str(out)]
     args += ["--set", "toy.conversations=2", "--set", "toy.sessions=2", "--set", "toy.max_new_tokens=8"]
