@@ -128,7 +128,8 @@ bench-checkpoints: install
 		$(BIN)/dimmem eval retrieval --benchmark toy --set 'toy.sets=[]' --set toy.assistant_chats=0 \
 			--extractor step$$n=$(CKPT)/export-$$n --out $(CKPT)/retrieval-$$n.json || exit 1; \
 	done
-	$(BIN)/python -m eval.checkpoints $(CKPT) --plot $(CKPT)/checkpoints.png
+	$(BIN)/python -m eval.checkpoints $(CKPT) --plot $(CKPT)/checkpoints.png \
+		$$(test -f $(RUNS)/retrieval-toy.json && echo --reference $(RUNS)/retrieval-toy.json)
 
 bench-load: install
 	$(BIN)/python -m serve.bench_load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20 \

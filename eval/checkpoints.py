@@ -59,7 +59,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> Path:
+def plot(rows: list[dict], path: Path, reference: dict | None = None) -> Path:
+    """`reference`: a toy retrieval result whose raw turns and ground-truth records give the R@10 lines
+    an extractor is measured against."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     steps = [r["step"] for r in rows]
     for key, label in (
@@ -70,8 +72,12 @@ def plot(rows: list[dict], path: Path) -> Path:
     ):
         values = [r[key] / 100 if key == "headline" else r[key] for r in rows]
         ax.plot(steps, values, marker="o", label=label)
+    for name, style in (("records", ":"), ("turns", "--")):
+        if reference and name in reference["sets"]:
+            value = reference["sets"][name]["rankings"]["fused"]["all"]["recall@10"]
+            ax.axhline(value, color="grey", linestyle=style, label=f"R@10 of {name} ({value:.3f})")
     ax.set_xlabel("training step (checkpoint)")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.05)
     ax.set_xticks(steps)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -87,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.checkpoints", description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="where make bench-checkpoints wrote eval-N and retrieval-N")
     parser.add_argument("--plot", type=Path, help="write the plot here (default: FOLDER/checkpoints.png)")
+    parser.add_argument(
+        "--reference", type=Path, help="a toy retrieval result (make demo's) for the turns and records lines"
+    )
     args = parser.parse_args(argv)
     rows = collect(args.folder)
+    reference = json.loads(args.reference.read_text()) if args.reference else None
     print(table(rows))
-    print(f"plot: {plot(rows, args.plot or args.folder / 'checkpoints.png')}")
+    print(f"plot: {plot(rows, args.plot or args.folder / 'checkpoints.png', reference)}")
     (args.folder / "checkpoints.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 

@@ -1,11 +1,13 @@
-"""LLM-free retrieval benchmark on LoCoMo: evidence recall@k and MRR per path and fused.
+"""LLM-free retrieval benchmark on LoCoMo, and the rankings every retrieval benchmark scores
+(`question_rankings`: each path alone, BM25+dense and all three as the runtime fuses them, all three
+by plain RRF), with context tokens per question (`ContextTokens`).
 
 Each conversation's memories go into the runtime under their own user; each question of categories 1-4
-is parsed by the rule parser (reference date: the last session) and answered by every path alone, by
-BM25+dense fused, and by all three fused, each fusion both as plain RRF and with weights fitted on the
-other half of the conversations (`_fitted` rows, two-fold cross-fitting). A ranking's recall@k is the
-share of the question's evidence turns (`dia_id`) cited by its top k records; MRR uses the first record
-citing any evidence turn.
+is parsed by the rule parser (reference date: the last session) and ranked every way, plus weighted RRF
+with weights fitted on the other half of the conversations (`_fitted` rows, two-fold cross-fitting). A
+ranking's recall@k is the share of the question's evidence turns (`dia_id`) cited by its top k records;
+MRR uses the first record citing any evidence turn; tokens@k counts the top k as the QA answer prompt
+lists them. The toy-world benchmark is eval/retrieval_toy.py.
 
     dimmem eval retrieval --benchmark locomo --input locomo10.json \\
         --memories turns|observations|LABELS.jsonl --k 5,10,20 --out retrieval.json

@@ -225,7 +225,7 @@ def run_toy(
     plans = [(name, *built[name]) for name in cfg.sets]
     extraction = {}
     for name, path in cfg.extractors.items():  # before any work: a typo should not cost a run
-        if not Path(path).is_dir():
+        if not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(
                 f"extractor {name}: {path} is not a model folder (a save_pretrained or `dimmem export` "
                 "folder; `make demo` writes runs/demo/tiny-base and runs/demo/export-tiny)"

@@ -154,3 +154,30 @@ def test_assistant_chats_point_at_the_user_turn_and_ask_for_the_reply():
         if reply is not None:  # the reply follows the request it answers
             assert turns[reply].role == "assistant" and order.index(reply) == order.index(asked) + 1
     assert any(r.type == "episodic" for r in chat.records)  # the user's own news is there too
+
+
+def test_checkpoint_table_and_plot_read_back_what_the_bench_wrote(tmp_path):
+    from eval.checkpoints import main
+
+    for step, f1, recall in ((60, 0.0, 0.0), (120, 0.1, 0.2)):
+        (tmp_path / f"eval-{step}").mkdir()
+        (tmp_path / f"eval-{step}" / "metrics.json").write_text(
+            json.dumps({"parse_rate": 1.0, "memory_f1": f1, "headline": 100 * f1})
+        )
+        fused = {"all": {"recall@10": recall}, "update": {"current_fact": recall / 2}}
+        sets = {
+            name: {"records": 7, "rankings": {"fused": fused}}
+            for name in (f"step{step}", f"step{step}+consolidation")
+        }
+        (tmp_path / f"retrieval-{step}.json").write_text(json.dumps({"sets": sets}))
+    assert main([str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "checkpoints.json").read_text())
+    assert (
+        [r["step"] for r in rows] == [60, 120]
+        and rows[1]["recall@10"] == 0.2
+        and rows[1]["current_fact"] == 0.1
+    )
+    assert (tmp_path / "checkpoints.png").stat().st_size > 10_000
+    (tmp_path / "retrieval-120.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no retrieval run for checkpoint 120"):
+        main([str(tmp_path)])
