@@ -132,8 +132,9 @@ def score_set(
             consolidate=consolidate,
         )
     active = {d.conversation.id: memory.store.records(d.conversation.id) for d in world}
-    sources = {r["id"]: r["source_turns"] for rs in active.values() for r in rs}
-    tokens = ContextTokens([r for rs in active.values() for r in rs], count_tokens)
+    # per user: record ids are only unique within one (a raw turn's id is its turn id, "D1:1")
+    sources = {user: {r["id"]: r["source_turns"] for r in rs} for user, rs in active.items()}
+    tokens = {user: ContextTokens(rs, count_tokens) for user, rs in active.items()}
     per: dict[str, dict[str, dict[str, list[float]]]] = {
         name: defaultdict(lambda: defaultdict(list)) for name in RANKINGS
     }
@@ -142,16 +143,18 @@ def score_set(
     for q, vector in zip(questions, vectors):
         parsed = memory.query_parser(q.question, q.reference_date)
         rankings, _ = question_rankings(memory, q.question, q.conversation_id, parsed, vector)
+        cited_by = sources[q.conversation_id]
         for name, ranked in rankings.items():
-            scores = score_facts(ranked, sources, q, ks)
+            scores = score_facts(ranked, cited_by, q, ks)
             if q.kind == "update":
-                scores["current_fact"] = float(_current_first(ranked[:CURRENT_AT], sources, q))
+                scores["current_fact"] = float(_current_first(ranked[:CURRENT_AT], cited_by, q))
             for group in (q.kind, "all"):
                 for metric, value in scores.items():
                     per[name][group][metric].append(value)
         fused = rankings["fused"]
         every_k = list(range(1, max(ks) + 1))
-        recalls, spent = score_facts(fused, sources, q, every_k), tokens.at(fused, every_k)
+        recalls = score_facts(fused, cited_by, q, every_k)
+        spent = tokens[q.conversation_id].at(fused, every_k)
         for group in (q.kind, "all"):
             for k in every_k:
                 curve[group][k].append(recalls[f"recall@{k}"])
