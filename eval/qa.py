@@ -40,7 +40,7 @@ from dimmem.llm import ModelClient
 from dimmem.runtime.labels import label_memories
 from dimmem.runtime.memory import Memory
 from eval.metrics import token_f1, tokens
-from eval.retrieval import context_line
+from eval.retrieval import context_line, reply_line, turn_records
 
 PROMPTS = Path(__file__).parent / "prompts" / "qa.v1.yaml"
 
@@ -150,11 +150,6 @@ def prompt_pin() -> dict:
     }
 
 
-def turn_lines(conv) -> list[str]:
-    """The whole conversation as the answer prompt's memory lines (the full-context baseline)."""
-    return [f"- [{(t.session_time or '')[:10] or 'undated'}] {t.speaker}: {t.text}" for t in conv.turns]
-
-
 def run_qa(
     benchmark: str,
     input_path: str,
@@ -199,13 +194,14 @@ def run_qa(
     ):
         salt = run or None  # run 0 is the request a single run makes (its cache entries stay valid)
         if full_context:
-            memories, assistant, hits, recall = turn_lines(conv), [], [], False
+            # the whole conversation, each turn listed as a raw-turn memory is
+            memories, assistant, hits, recall = [context_line(r) for r in turn_records(conv)], [], [], False
         else:
             start = time.perf_counter()
             result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
             search_seconds.append(time.perf_counter() - start)
             memories = [context_line(h.record) for h in result.hits]
-            assistant = [f"- {t['text']}" for t in result.assistant_context]
+            assistant = [reply_line(t) for t in result.assistant_context]
             hits, recall = (
                 [h.record["id"] for h in result.hits],
                 bool(result.query.get("need_assistant_context")),
@@ -273,7 +269,7 @@ def summarize(rows: list[dict], search_seconds: list[float]) -> dict:
     by_run: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
         by_category[r["category"]].append(r)
-        by_run[r.get("run", 0)].append(r)
+        by_run[r["run"]].append(r)
     ms = np.array(search_seconds or [0.0]) * 1000
     tokens = [r["answer_prompt_tokens"] for r in rows if r.get("answer_prompt_tokens") is not None]
     per_run = [block(group)["judge_accuracy"] for _, group in sorted(by_run.items())]
@@ -283,8 +279,8 @@ def summarize(rows: list[dict], search_seconds: list[float]) -> dict:
         # per run, then over runs: a judge's (or a sampling answerer's) spread beside its accuracy
         "judge_accuracy_per_run": per_run,
         "judge_accuracy_std": float(np.std(per_run)) if per_run else 0.0,
-        "judge_failures": sum(r.get("judge_failed", False) for r in rows),
-        "judge_failure_rate": float(np.mean([r.get("judge_failed", False) for r in rows])) if rows else 0.0,
+        "judge_failures": sum(r["judge_failed"] for r in rows),
+        "judge_failure_rate": float(np.mean([r["judge_failed"] for r in rows])) if rows else 0.0,
         "by_category": {c: block(g) for c, g in sorted(by_category.items())},
         "context_words_per_query": float(np.mean([r["context_words"] for r in rows])) if rows else 0.0,
         "answer_prompt_tokens_per_query": float(np.mean(tokens)) if tokens else None,

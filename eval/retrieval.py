@@ -79,6 +79,11 @@ def context_line(record: dict) -> str:
     return f"- [{when}] {record['content']}"
 
 
+def reply_line(turn: dict) -> str:
+    """An assistant reply (recalled through a record's pointer) as the answer prompt lists it."""
+    return f"- {turn['text']}"
+
+
 def question_rankings(
     memory: Memory, question: str, user_id: str, parsed: dict, vector: np.ndarray
 ) -> tuple[dict[str, list[str]], dict]:

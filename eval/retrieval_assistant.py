@@ -23,12 +23,8 @@ import numpy as np
 
 from dimmem.contract.toyworld import generate_assistant_chat
 from dimmem.runtime.memory import Memory
-from eval.retrieval import context_line, turn_records
+from eval.retrieval import context_line, reply_line, turn_records
 from eval.toy_truth import truth_records
-
-
-def reply_line(turn: dict) -> str:
-    return f"- {turn['text']}"  # as the QA answer prompt lists the assistant's replies
 
 
 def run_assistant_recall(

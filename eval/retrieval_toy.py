@@ -41,7 +41,14 @@ from dimmem.contract.validate import parse_json
 from dimmem.contract.windows import Window
 from dimmem.runtime.embed import TextEncoder
 from dimmem.runtime.memory import Memory
-from eval.retrieval import RANKINGS, ContextTokens, question_rankings, turn_records
+from eval.retrieval import (
+    PATHS,
+    RANKINGS,
+    ContextTokens,
+    best_single_path,
+    question_rankings,
+    turn_records,
+)
 from eval.retrieval_assistant import format_assistant_recall, run_assistant_recall
 from eval.toy_truth import CLASSES, Question, dialogue_questions, truth_records
 
@@ -87,19 +94,21 @@ class HFExtractor:
         return answers
 
 
-def extracted_records(world: list[ToyDialogue], extractor: HFExtractor, memory: Memory) -> tuple[dict, dict]:
+def extracted_records(
+    world: list[ToyDialogue], extractor: HFExtractor, make_memory: Callable[..., Memory]
+) -> tuple[dict, dict]:
     """{conversation: records the extractor's valid memories make}, and extraction counts. All windows of
-    the world go to the extractor in one call (one model load, batches across dialogues)."""
+    the world go to the extractor in one call (one model load, batches across dialogues); the runtime's
+    own `Memory.extract` then validates and resolves each window's answer."""
     from dimmem.contract.windows import make_windows
 
-    w = memory.config.windows
-    windows = {
-        d.conversation.id: make_windows(d.conversation, w.window, w.overlap, None, None) for d in world
-    }
-    answers = extractor([win for ws in windows.values() for win in ws])
-    replay = memory.extractor
-    memory.extractor = lambda ws: {win.id: answers[win.id] for win in ws}
+    memory = make_memory(extractor=lambda ws: {win.id: answers[win.id] for win in ws})
     try:
+        w = memory.config.windows
+        windows = [
+            win for d in world for win in make_windows(d.conversation, w.window, w.overlap, None, None)
+        ]
+        answers = extractor(windows)
         out, counts = {}, defaultdict(int)
         for d in world:
             extraction = memory.extract(d.conversation)
@@ -109,7 +118,7 @@ def extracted_records(world: list[ToyDialogue], extractor: HFExtractor, memory: 
             counts["rejected_memories"] += len(extraction.rejected)
             counts["records"] += len(extraction.records)
     finally:
-        memory.extractor = replay
+        memory.close()
     return out, {**counts, "generated": extractor.generated}
 
 
@@ -204,17 +213,23 @@ def run_toy(
 ) -> dict:
     """Every memory set of `cfg` (eval.config.ToyRetrieval) on the world's questions; extractor answers
     are cached in `cache_path` (a run without one generates them again)."""
+    for name, path in cfg.extractors.items():  # before any work: a typo should not cost a run
+        if not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(
+                f"extractor {name}: {path} is not a model folder (a save_pretrained or `dimmem export` "
+                "folder; `make demo` writes runs/demo/tiny-base and runs/demo/export-tiny)"
+            )
     world = generate_world(cfg.conversations, cfg.seed, cfg.sessions, cfg.stories_per_session)
     questions = [q for d in world for q in dialogue_questions(d, cfg.seed, cfg.questions_per_class)]
     vectors = embedder.encode([q.question for q in questions])
 
-    def fresh_memory(consolidator=None) -> Memory:
+    def fresh_memory(**components) -> Memory:  # consolidator=, extractor=: as `Memory` takes them
         settings = {
             "store": ":memory:",
             "retrieval": {"depth": max([*ks, 50])},
             "windows": cfg.windows.model_dump(),
         }
-        return Memory(settings, embedder=embedder, consolidator=consolidator)
+        return Memory(settings, embedder=embedder, **components)
 
     by_id = {d.conversation.id: d for d in world}
     records = {cid: truth_records(d) for cid, d in by_id.items()}
@@ -227,20 +242,10 @@ def run_toy(
     }
     plans = [(name, *built[name]) for name in cfg.sets]
     extraction = {}
-    for name, path in cfg.extractors.items():  # before any work: a typo should not cost a run
-        if not (Path(path) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"extractor {name}: {path} is not a model folder (a save_pretrained or `dimmem export` "
-                "folder; `make demo` writes runs/demo/tiny-base and runs/demo/export-tiny)"
-            )
     cache = ResponseCache(cache_path or ":memory:") if cfg.extractors else None
     for name, path in cfg.extractors.items():
-        memory = fresh_memory()
-        try:
-            extractor = HFExtractor(path, cache, cfg.max_new_tokens, cfg.batch_size)
-            by_conversation, extraction[name] = extracted_records(world, extractor, memory)
-        finally:
-            memory.close()
+        extractor = HFExtractor(path, cache, cfg.max_new_tokens, cfg.batch_size)
+        by_conversation, extraction[name] = extracted_records(world, extractor, fresh_memory)
         plans += [(name, by_conversation, False), (f"{name}+consolidation", by_conversation, True)]
     if cache is not None:
         cache.close()
@@ -267,7 +272,7 @@ def run_toy(
         )
     for name, by_conversation, consolidate in tqdm(plans, desc="memory sets", unit="set", disable=None):
         # consolidate: False (stored as given), True (the runtime's rules) or a consolidator
-        memory = fresh_memory(None if isinstance(consolidate, bool) else consolidate)
+        memory = fresh_memory(consolidator=None if isinstance(consolidate, bool) else consolidate)
         try:
             result["sets"][name] = score_set(
                 memory, world, by_conversation, bool(consolidate), questions, vectors, ks, count_tokens
@@ -313,10 +318,8 @@ def format_toy(result: dict) -> str:
     ]
     for name, s in result["sets"].items():
         fused = s["rankings"]["fused"]
-        best_name, best = max(
-            ((p, s["rankings"][p]["all"][f"recall@{k10}"]) for p in ("bm25", "dense", "dimension")),
-            key=lambda x: x[1],
-        )
+        overall = {path: s["rankings"][path]["all"] for path in PATHS}
+        best_name, best = best_single_path(overall, f"recall@{k10}")
         current = fused.get("update", {}).get("current_fact")
         lines.append(
             f"| {name} | {s['records']} | "

@@ -54,20 +54,21 @@ def _location_matches(record: dict, query: dict) -> bool:
     return bool(location) and location in (record.get("location") or "").casefold()
 
 
-def _carries(query: dict) -> bool:
-    """Whether the query states a dimension: a time, a place, or some memory types but not all."""
+def _stated_types(query: dict) -> set[str]:
+    """The memory types the query asks for when it names fewer than all (a choice it made), else none."""
     types = set(query.get("target_types") or MEMORY_TYPES)
-    return bool(query.get("time") or query.get("location") or types < set(MEMORY_TYPES))
+    return types if types < set(MEMORY_TYPES) else set()
 
 
 def dimension_path(store: Store, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
     """Records that match a dimension the query states (its time, its place, or its types when it names
     fewer than all), ranked by dimension score as a share of the query's ceiling (in (0, 1]); nothing
-    when it states none. A record that shares only
-    keywords is the lexical path's to find: voting for it again here would count the same evidence twice.
-    Candidates come by index (most shared keywords, overlapping time), each lookup bounded
-    (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no more than a small one."""
-    if not _carries(query):
+    when it states none. A record that shares only keywords is the lexical path's to find: voting for it
+    again here would count the same evidence twice. Candidates come by index (most shared keywords,
+    overlapping time), each lookup bounded (`CANDIDATES_PER_DEPTH` x depth), so a large store costs no
+    more than a small one."""
+    types = _stated_types(query)
+    if not (query.get("time") or query.get("location") or types):
         return []
     ids: dict[str, None] = {}
     limit = CANDIDATES_PER_DEPTH * depth
@@ -75,15 +76,11 @@ def dimension_path(store: Store, user_id: str, query: dict, depth: int) -> list[
     if query.get("time"):
         start, end = parse_span(query["time"])
         ids.update(dict.fromkeys(store.records_in_span(user_id, start.isoformat(), end.isoformat(), limit)))
-    types = set(query.get("target_types") or MEMORY_TYPES)
-    typed = types < set(MEMORY_TYPES)
     ceiling = dimension_ceiling(query)
     scored = [
         (rid, dimension_score(record, query) / ceiling)
         for rid, record in store.get_many(user_id, list(ids)).items()
-        if _time_matches(record, query)
-        or _location_matches(record, query)
-        or (typed and record["type"] in types)
+        if _time_matches(record, query) or _location_matches(record, query) or record["type"] in types
     ]
     return sorted(scored, key=lambda x: (-x[1], x[0]))[:depth]
 
