@@ -394,6 +394,10 @@ def test_gpu_recipe_on_a_cpu_machine_names_the_cpu_profile(tmp_path, capsys):
     assert_one_line(
         code, err, "attn_implementation: flash_attention_2 needs a GPU", "configs/train/tiny.yaml"
     )
+    # FlexAttention, which would keep packed rows apart, has no backward pass on a CPU
+    tiny = CONFIG_DIR / "train" / "tiny.yaml"
+    code, err = run_main(["train", "--config", str(tiny), "--attn_implementation", "flex_attention"], capsys)
+    assert_one_line(code, err, "attn_implementation: flex_attention needs a GPU", "configs/train/tiny.yaml")
 
 
 # ---- an extractor endpoint that does not answer ---------------------------------------------------------

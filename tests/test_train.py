@@ -267,15 +267,14 @@ def test_tiny_training_loss_falls_and_writes_the_run(tiny_run):
 def test_tiny_run_reports_its_throughput(tiny_run):
     run = json.loads((tiny_run / "dimmem_train.json").read_text())
     assert run["dimmem"]["answer_only_logits"] is True  # the profile's settings, as trained
-    assert run["sft"]["train_sampling_strategy"] == "random"
+    assert run["sft"]["train_sampling_strategy"] == "random" and run["sft"]["padding_free"] is True
+    assert run["model"]["attn_implementation"] == "sdpa_varlen"
     t = run["throughput"]
     logged = [h for h in _state(tiny_run / "checkpoint-24")["log_history"] if "loss" in h]
     # TRL counts every step's non-pad tokens; the meter leaves the first (warm-up) step out
     assert t["steps_timed"] == 23
     assert t["real_tokens"] == logged[-1]["num_tokens"] - logged[0]["num_tokens"]
-    assert t["real_tokens"] < t["token_slots"] and t["padding_efficiency"] == round(
-        t["real_tokens"] / t["token_slots"], 4
-    )
+    assert t["real_tokens"] == t["token_slots"] and t["padding_efficiency"] == 1.0  # padding-free batches
     assert t["real_tokens_per_s"] > 0 and t["real_tokens_per_cpu_s"] > 0 and 0 < t["step_s"] < 60
     assert 0.1 < t["peak_memory_gib"] < 24 and t["peak_memory_kind"] == "process peak RSS"
     assert 0 < t["model_tflops_per_token"] < 1e-4 and t["mfu"] is None  # MFU only on a GPU
@@ -445,8 +444,12 @@ def test_cpu_benchmark_runs_its_variants_side_by_side(tiny_setup, tmp_path):
             {
                 "train": {"max_steps": 2, "eval_strategy": "no", "save_strategy": "no", "report_to": "none"},
                 "variants": {
-                    "before": {"answer_only_logits": False, "train_sampling_strategy": "random"},
-                    "after": {"answer_only_logits": True, "train_sampling_strategy": "group_by_length"},
+                    "before": {
+                        "answer_only_logits": False,
+                        "padding_free": False,
+                        "attn_implementation": "sdpa",
+                    },
+                    "after": {"answer_only_logits": True},  # the profile's padding-free batches
                 },
             },
             sort_keys=False,  # the first variant is the baseline
@@ -461,7 +464,8 @@ def test_cpu_benchmark_runs_its_variants_side_by_side(tiny_setup, tmp_path):
     )
     before, after = rows
     assert before["real_tokens_per_s_ratio"] == 1.0 and after["real_tokens_per_s"] > 0
-    assert 0 < after["padding_efficiency"] <= 1 and after["steps_timed"] == 1
+    assert 0 < before["padding_efficiency"] < 1 == after["padding_efficiency"] and after["steps_timed"] == 1
+    assert after["padding_efficiency_ratio"] == round(1 / before["padding_efficiency"], 3)
 
 
 def test_bad_dataset_path_exits_2_with_a_message(tmp_path, capsys):

@@ -10,6 +10,7 @@ import yaml
 from dimmem.paths import CONFIG_DIR
 from train.args import parse_args
 from train.sft import PACKING_KERNELS, TrainConfigError, check_packing
+from train.varlen_attention import NAME as SDPA_VARLEN
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -122,11 +123,13 @@ def test_a_batch_without_answer_tokens_is_a_zero_loss_with_gradients():
     assert model(input_ids=ids[:1]).logits.shape == (1, 24, 300)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_packed_rows_stay_apart(attn):
+@pytest.mark.parametrize("boundaries", ["position_ids", "cu_seq_lens"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa", SDPA_VARLEN])
+def test_packed_rows_stay_apart(attn, boundaries):
     """A padding-free batch from TRL's own collator (one row, position_ids restarting per sequence) gives
-    every sequence the logits it has alone: no row attends to another. Each kernel in PACKING_KERNELS that
-    runs on a CPU is checked here (flex_attention compiles for minutes on a CPU)."""
+    every sequence the logits it has alone: no row attends to another, whether the model reads the
+    boundaries off position_ids or gets the collator's cu_seq_lens too. Each kernel in PACKING_KERNELS that
+    runs a backward pass on a CPU is checked here (flex_attention has none)."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     assert attn in PACKING_KERNELS
@@ -136,14 +139,82 @@ def test_packed_rows_stay_apart(attn):
         [{"input_ids": r} for r in rows]
     )
     assert "attention_mask" not in packed and packed["input_ids"].shape == (1, 26)
+    extra = {k: packed[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
     with torch.no_grad():
         alone = torch.cat([model(torch.tensor([r]), use_cache=False).logits for r in rows], 1)
         together = model(
-            input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False
+            input_ids=packed["input_ids"],
+            position_ids=packed["position_ids"],
+            use_cache=False,
+            **(extra if boundaries == "cu_seq_lens" else {}),
         ).logits
         leaking = model(input_ids=packed["input_ids"], use_cache=False).logits  # one long sequence
     assert torch.allclose(together, alone, atol=1e-5)
     assert not torch.allclose(leaking, alone, atol=1e-3)  # so the comparison can fail
+
+
+@pytest.mark.parametrize("answer_only", [False, True], ids=["full-head", "answer-only-head"])
+def test_padding_free_batches_train_as_padded_ones(answer_only):
+    """The tiny profile's batches: TRL's collator, padded for sdpa or padding-free for sdpa_varlen, under
+    PEFT with the output layer trained. The loss and every trainable gradient agree to 1e-5, and the
+    padding-free row has no pad slot."""
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    from trl.trainer.utils import add_fused_lm_head
+
+    from train.answer_logits import add_answer_only_head
+
+    torch.manual_seed(2)
+    rows = []
+    for prompt, answer in ((14, 6), (9, 11), (20, 4), (5, 3)):
+        ids = torch.randint(1, 300, (prompt + answer,)).tolist()
+        rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    padded = DataCollatorForLanguageModeling(pad_token_id=0)(rows)
+    flat = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
+    real = sum(len(r["input_ids"]) for r in rows)
+    assert padded["input_ids"].numel() > real == flat["input_ids"].numel()
+
+    def loss_and_grads(attn, inputs):
+        base = tiny_qwen3(attn)
+        add_fused_lm_head(base)
+        torch.manual_seed(3)
+        model = get_peft_model(
+            base,
+            LoraConfig(
+                r=8,
+                target_modules=LORA_TARGETS,
+                modules_to_save=["embed_tokens", "lm_head"],
+                init_lora_weights=False,
+            ),
+        )
+        if answer_only:
+            add_answer_only_head(base)
+        out = model(**inputs, use_cache=False, **({"fused_lm_head": True} if answer_only else {}))
+        out.loss.backward()
+        return out.loss, {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    padded_loss, padded_grads = loss_and_grads("sdpa", padded)
+    flat_loss, flat_grads = loss_and_grads(SDPA_VARLEN, flat)
+    assert torch.allclose(flat_loss, padded_loss, atol=1e-5)
+    assert any("lora_A" in n for n in padded_grads) and any("modules_to_save" in n for n in padded_grads)
+    for name, grad in padded_grads.items():
+        assert grad.abs().sum() > 0, name
+        assert torch.allclose(flat_grads[name], grad, atol=1e-5), name
+
+
+def test_sdpa_varlen_leaves_padded_batches_and_decoding_to_sdpa():
+    """Padded batches (evaluation, generation) and cached decoding give exactly sdpa's results."""
+    ids, attention, _ = batch()
+    sdpa, varlen = tiny_qwen3("sdpa").eval(), tiny_qwen3(SDPA_VARLEN).eval()
+    varlen.load_state_dict(sdpa.state_dict())
+    with torch.no_grad():
+        for model_inputs in ({"input_ids": ids, "attention_mask": attention}, {"input_ids": ids[:1]}):
+            assert torch.equal(varlen(**model_inputs).logits, sdpa(**model_inputs).logits)
+    generate = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(
+        varlen.generate(ids[:2], attention_mask=attention[:2], **generate),
+        sdpa.generate(ids[:2], attention_mask=attention[:2], **generate),
+    )
 
 
 def _tiny_args(*flags):

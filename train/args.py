@@ -124,7 +124,8 @@ def gpu_only(fields: dict) -> str | None:
     """The first setting in `fields` (a config file's, or the parsed arguments') that needs a CUDA GPU."""
     attention = str(fields.get("attn_implementation") or "")
     found = [what for key, what in GPU_ONLY.items() if fields.get(key) is True]
-    found += [f"attn_implementation: {attention}"] if "flash" in attention else []
+    # flash kernels are CUDA's; FlexAttention runs forward only on a CPU (no backward pass)
+    found += [f"attn_implementation: {attention}"] if "flash" in attention or "flex" in attention else []
     found += ["bf16: true"] if fields.get("bf16") is True else []
     return found[0] if found else None
 

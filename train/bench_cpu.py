@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 results[name].append(run_variant(args.profile, {**bench.train, **bench.variants[name]}, out))
     rows = table(results)
     columns = ("real_tokens_per_s", "real_tokens_per_cpu_s", "padding_efficiency")
-    print(f"\n{'variant':<20}" + "".join(f" {c.replace('real_', ''):>21} {'ratio':>6}" for c in columns))
+    width = max(len(name) for name in ["variant", *names])
+    print(f"\n{'variant':<{width}}" + "".join(f" {c.replace('real_', ''):>21} {'ratio':>6}" for c in columns))
     for r in rows:
-        print(f"{r['variant']:<20}" + "".join(f" {r[c]:>21} {r[c + '_ratio']:>6}" for c in columns))
+        print(f"{r['variant']:<{width}}" + "".join(f" {r[c]:>21} {r[c + '_ratio']:>6}" for c in columns))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"rounds": args.rounds, "variants": rows}, indent=2) + "\n")

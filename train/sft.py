@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -26,12 +27,14 @@ from train.data import (
 from train.export import RUN_CONFIG
 from train.plot import plot_losses
 from train.throughput import ThroughputMeter, attention_length, model_flops_per_token
+from train.varlen_attention import NAME as SDPA_VARLEN
 
 # Kernels that keep packed rows apart: transformers builds their per-row (block-diagonal causal) attention
-# from the position_ids of a padding-free batch. Flash kernels run it as varlen attention; sdpa and eager
-# build a dense mask over the packed row (correct, but quadratic in its length); flex_attention a
-# block-sparse one (compiled on first use: minutes on a CPU).
+# from the position_ids of a padding-free batch. Flash kernels (CUDA) and sdpa_varlen (any device,
+# train/varlen_attention.py) run each sequence alone; sdpa and eager build a dense mask over the packed row
+# (correct, but quadratic in its length); flex_attention a block-sparse one (no backward pass on a CPU).
 PACKING_KERNELS = (
+    SDPA_VARLEN,
     "flash_attention_2",
     "flash_attention_3",
     "kernels-community/flash-attn",
@@ -137,6 +140,7 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         print(
             f"padding efficiency (batch {batch}, {'length-grouped' if grouped else 'random'} batches): "
             f"{padding_efficiency(train_set, batch, grouped, sft_args.seed):.1%}"
+            + (", padding-free: 100%" if sft_args.padding_free else "")
         )
         if sft_args.max_length:
             print(
@@ -155,9 +159,14 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         quantization_config=quantization,
         device_map={"": state.local_process_index} if quantization else None,
     )
+    trainer_args = sft_args
+    if sft_args.padding_free and not sft_args.packing:
+        # prepare_split has held every row to max_length; TRL refuses a max_length it would not apply
+        trainer_args = copy.copy(sft_args)
+        trainer_args.max_length = None
     trainer = DimmemSFTTrainer(
         model=model,
-        args=sft_args,
+        args=trainer_args,
         train_dataset=train_set,
         eval_dataset=eval_set,
         processing_class=tokenizer,
