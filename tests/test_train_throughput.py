@@ -153,6 +153,29 @@ def test_packed_rows_stay_apart(attn, boundaries):
     assert not torch.allclose(leaking, alone, atol=1e-3)  # so the comparison can fail
 
 
+def test_sdpa_varlen_keeps_several_packed_rows_apart():
+    """Two rows of two packed sequences each, with position_ids only (one sequence starts at position 5):
+    every sequence gets the logits it has alone, through sdpa's block mask for the batch of two and split
+    at its bounds for one row."""
+    model = tiny_qwen3(SDPA_VARLEN).eval()
+    torch.manual_seed(4)
+    layout = [[(6, 0), (4, 0)], [(3, 5), (7, 0)]]  # (length, first position) of each sequence, per row
+    rows = [[(torch.randint(0, 300, (n,)), torch.arange(at, at + n)) for n, at in row] for row in layout]
+    ids = torch.stack([torch.cat([s for s, _ in row]) for row in rows])
+    positions = torch.stack([torch.cat([p for _, p in row]) for row in rows])
+    with torch.no_grad():
+        alone = torch.stack(
+            [
+                torch.cat([model(s[None], position_ids=p[None], use_cache=False).logits[0] for s, p in row])
+                for row in rows
+            ]
+        )
+        together = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        one_row = model(input_ids=ids[1:], position_ids=positions[1:], use_cache=False).logits
+    assert torch.allclose(together, alone, atol=1e-5)
+    assert torch.allclose(one_row, alone[1:], atol=1e-5)
+
+
 @pytest.mark.parametrize("answer_only", [False, True], ids=["full-head", "answer-only-head"])
 def test_padding_free_batches_train_as_padded_ones(answer_only):
     """The tiny profile's batches: TRL's collator, padded for sdpa or padding-free for sdpa_varlen, under

@@ -25,8 +25,10 @@ def sequence_bounds(cu_seq_lens: torch.Tensor | None, position_ids: torch.Tensor
     if cu_seq_lens is None:
         if position_ids is None:
             return None
-        starts = (position_ids[0] == 0).nonzero().flatten()
-        cu_seq_lens = torch.cat([starts, starts.new_tensor([position_ids.shape[-1]])])
+        # a sequence starts wherever the positions do not count on (transformers' packed-sequence rule)
+        row = position_ids[0]
+        starts = ((row[1:] - row[:-1]) != 1).nonzero().flatten() + 1
+        cu_seq_lens = torch.cat([starts.new_tensor([0]), starts, starts.new_tensor([row.shape[0]])])
     bounds = cu_seq_lens.tolist()
     return bounds if len(bounds) > 2 else None
 
@@ -56,12 +58,13 @@ def sdpa_varlen_attention(
     return torch.cat(pieces, dim=1), None
 
 
-def _mask(*, attention_mask=None, q_length, kv_length, q_offset=0, kv_offset=0, **kwargs):
-    """No mask for a full row of self-attention (one sequence is causal, a packed row is split at its bounds);
-    sdpa's mask for padded batches and cached decoding."""
-    if attention_mask is None and q_length == kv_length and q_offset == kv_offset == 0:
+def _mask(*, batch_size, attention_mask=None, q_length, kv_length, q_offset=0, kv_offset=0, **kwargs):
+    """No mask for one full row of self-attention (one sequence is causal, a packed row is split at its
+    bounds); sdpa's mask for everything else: padded batches, cached decoding, several packed rows."""
+    if batch_size == 1 and attention_mask is None and q_length == kv_length and q_offset == kv_offset == 0:
         return None
     return sdpa_mask(
+        batch_size=batch_size,
         attention_mask=attention_mask,
         q_length=q_length,
         kv_length=kv_length,
