@@ -300,6 +300,15 @@ def test_padding_estimate_follows_the_sampler():
     assert padding_efficiency(rows, 1) == 1.0
 
 
+def test_packing_fill_counts_rows_per_bin():
+    from datasets import Dataset
+
+    from train.data import packing_fill
+
+    rows = Dataset.from_dict({"input_ids": [[1] * n for n in (6, 4, 5, 5, 3)]})
+    assert packing_fill(rows, 10) == (5 / 3, 23 / 30)  # bins 6+4, 5+5, 3
+
+
 def test_model_flops_follow_the_benchmark_formula():
     from transformers import AutoConfig
 

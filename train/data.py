@@ -95,13 +95,15 @@ def prepare_split(
     return tokenized
 
 
-def packing_efficiency(tokenized: Dataset, max_length: int) -> float:
-    """Real tokens / total tokens when rows are packed into max_length bins (TRL's best-fit decreasing)."""
+def packing_fill(tokenized: Dataset, max_length: int) -> tuple[float, float]:
+    """Rows per bin, and the share of the bins' max_length their tokens fill, when rows are packed into
+    max_length bins (TRL's best-fit decreasing). Bins are padding-free rows, so an unfilled bin pads
+    nothing: what the fill says is how many rows (and tokens) a packed batch holds."""
     from trl.data_utils import pack_dataset
 
     packed = pack_dataset(tokenized.select_columns(["input_ids"]), seq_length=max_length, strategy="bfd")
     real = sum(len(ids) for ids in tokenized["input_ids"])
-    return real / (len(packed) * max_length)
+    return len(tokenized) / len(packed), real / (len(packed) * max_length)
 
 
 def padding_efficiency(tokenized: Dataset, batch_size: int, grouped: bool = False, seed: int = 0) -> float:

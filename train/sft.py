@@ -19,7 +19,7 @@ from train.args import QWEN3_LINEAR, DimmemArguments
 from train.data import (
     load_sft_dataset,
     mix_tasks,
-    packing_efficiency,
+    packing_fill,
     padding_efficiency,
     prepare_split,
     task_counts,
@@ -64,8 +64,8 @@ def check_packing(sft_args: SFTConfig, model_args: ModelConfig) -> None:
             f"{'packing' if sft_args.packing else 'padding_free'}: true needs an attention kernel that keeps "
             f"packed rows apart ({', '.join(PACKING_KERNELS)}); "
             f"attn_implementation is {model_args.attn_implementation!r}. "
-            "Set one of those, or packing: false with train_sampling_strategy: group_by_length "
-            "(rows padded per batch of similar lengths)."
+            f"Set {SDPA_VARLEN} (any device) or a flash kernel (CUDA), or padding_free: false and "
+            "packing: false (padded batches)."
         )
 
 
@@ -143,10 +143,10 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
             + (", padding-free: 100%" if sft_args.padding_free else "")
         )
         if sft_args.max_length:
+            rows_per_bin, fill = packing_fill(train_set, sft_args.max_length)
             print(
-                f"packing efficiency at max_length {sft_args.max_length}: "
-                f"{packing_efficiency(train_set, sft_args.max_length):.1%}"
-                f" ({'on' if sft_args.packing else 'off'})"
+                f"packing at max_length {sft_args.max_length} ({'on' if sft_args.packing else 'off'}): "
+                f"{rows_per_bin:.1f} rows per bin, bins {fill:.1%} full"
             )
 
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
