@@ -58,20 +58,17 @@ def sdpa_varlen_attention(
     return torch.cat(pieces, dim=1), None
 
 
-def _mask(*, batch_size, attention_mask=None, q_length, kv_length, q_offset=0, kv_offset=0, **kwargs):
+def _mask(**kwargs):
     """No mask for one full row of self-attention (one sequence is causal, a packed row is split at its
     bounds); sdpa's mask for everything else: padded batches, cached decoding, several packed rows."""
-    if batch_size == 1 and attention_mask is None and q_length == kv_length and q_offset == kv_offset == 0:
-        return None
-    return sdpa_mask(
-        batch_size=batch_size,
-        attention_mask=attention_mask,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        **kwargs,
+    full_row = (
+        kwargs["q_length"] == kwargs["kv_length"]
+        and not kwargs.get("q_offset")
+        and not kwargs.get("kv_offset")
     )
+    if kwargs["batch_size"] == 1 and kwargs.get("attention_mask") is None and full_row:
+        return None
+    return sdpa_mask(**kwargs)
 
 
 AttentionInterface.register(NAME, sdpa_varlen_attention)
