@@ -25,19 +25,24 @@ class Hit:
     paths: dict[str, dict] = field(default_factory=dict)  # path -> {"rank": r, "score": s}
 
 
+# What each matching dimension adds to a record's dimension score (keywords: times the share matched).
+DIMENSION_WEIGHTS = {"type": 0.5, "time": 2.0, "location": 1.0, "keywords": 1.0}
+
+
 def dimension_score(record: dict, query: dict) -> float:
     """How well a record's dimensions match the parsed query (0 when nothing matches)."""
+    w = DIMENSION_WEIGHTS
     score = 0.0
     if record["type"] in query.get("target_types", []):
-        score += 0.5
+        score += w["type"]
     if _time_matches(record, query):
-        score += 2.0
+        score += w["time"]
     if _location_matches(record, query):
-        score += 1.0
+        score += w["location"]
     wanted = {k.casefold() for k in query.get("keywords", [])}
     if wanted:
         have = {k.casefold() for k in record["keywords"]} | set(_WORD.findall(record["content"].casefold()))
-        score += len(wanted & have) / len(wanted)
+        score += w["keywords"] * len(wanted & have) / len(wanted)
     return score
 
 
@@ -87,11 +92,12 @@ def dimension_path(store: Store, user_id: str, query: dict, depth: int) -> list[
 
 def dimension_ceiling(query: dict) -> float:
     """The best dimension score this query allows (every dimension it states matched)."""
+    w = DIMENSION_WEIGHTS
     return (
-        0.5
-        + 2.0 * bool(query.get("time"))
-        + 1.0 * bool(query.get("location"))
-        + 1.0 * bool(query.get("keywords"))
+        w["type"]
+        + w["time"] * bool(query.get("time"))
+        + w["location"] * bool(query.get("location"))
+        + w["keywords"] * bool(query.get("keywords"))
     )
 
 
