@@ -38,7 +38,17 @@ RANKINGS = (*PATHS, "bm25+dense", "rrf", "fused")
 FITTED = ("bm25+dense_fitted", "fused_fitted")  # weighted RRF, weights cross-fitted (LoCoMo)
 # Weighted-RRF grid (bm25's weight fixed at 1: scaling every weight leaves the order unchanged).
 WEIGHT_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
-FIT_AT = 10  # weights are fitted on recall at this cut-off (the largest requested one when 10 is not)
+HEADLINE_K = 10  # the cut-off tables lead with and weights are fitted on (`headline_k`)
+
+
+def headline_k(ks: list[int]) -> int:
+    """HEADLINE_K when it is one of the requested cut-offs, else the largest requested one."""
+    return HEADLINE_K if HEADLINE_K in ks else max(ks)
+
+
+def rounded_mean(values) -> float:
+    """A table's mean, to 4 places (0 for no values)."""
+    return round(float(np.mean(values)), 4) if len(values) else 0.0
 
 
 def turn_records(conv: Conversation) -> list[dict]:
@@ -116,9 +126,9 @@ def score_ranking(
 
 
 def fit_weights(samples: list[dict], ks: list[int], dimension: bool = True) -> dict[str, float]:
-    """The grid's weights that maximise mean recall@FIT_AT of weighted RRF on the samples (with the
+    """The grid's weights that maximise mean recall@`headline_k` of weighted RRF on the samples (with the
     dimension path's weight held at 0 unless `dimension`)."""
-    metric = f"recall@{FIT_AT if FIT_AT in ks else max(ks)}"
+    metric = f"recall@{headline_k(ks)}"
 
     def score(weights):
         return np.mean(
@@ -212,8 +222,9 @@ def run_locomo(
         for sample_scores in scored:
             for metric, value in sample_scores.items():
                 totals[name][metric].append(value)
-    mean = lambda values: round(float(np.mean(values)), 4) if values else 0.0  # noqa: E731
-    result = {name: {metric: mean(v) for metric, v in metrics.items()} for name, metrics in totals.items()}
+    result = {
+        name: {metric: rounded_mean(v) for metric, v in metrics.items()} for name, metrics in totals.items()
+    }
     result.update(
         benchmark="locomo",
         memories=memories if labels is None else Path(memories).name,
@@ -222,7 +233,7 @@ def run_locomo(
         fitted_weights_all=fit_weights(samples, ks) if samples else None,
         categories=list(categories),
         fused_by_category={
-            str(c): {m: mean(v) for m, v in ms.items()} for c, ms in sorted(per_category.items())
+            str(c): {m: rounded_mean(v) for m, v in ms.items()} for c, ms in sorted(per_category.items())
         },
         assistant_recall_rate=round(recalls / max(len(samples), 1), 4),
         records=sum(memory.store.count(c.id) for c in conversations),
@@ -251,7 +262,7 @@ def best_single_path(result: dict, metric: str) -> tuple[str, float]:
 
 
 def format_table(result: dict, ks: list[int]) -> str:
-    k10 = 10 if 10 in ks else ks[-1]
+    k10 = headline_k(ks)
     header = "| ranking | " + " | ".join(f"recall@{k}" for k in ks) + f" | MRR | tokens@{k10} |"
     lines = [header, "|" + "---|" * (len(ks) + 3)]
     for name in (*RANKINGS, *FITTED):

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from dimmem.contract.toyworld import generate_assistant_chat
 from dimmem.runtime.memory import Memory
-from eval.retrieval import context_line, reply_line, turn_records
+from eval.retrieval import context_line, reply_line, rounded_mean, turn_records
 from eval.toy_truth import truth_records
 
 
@@ -80,16 +78,15 @@ def run_assistant_recall(
         records.close()
         turns.close()
     total = len(triggers)
-    mean = lambda values: round(float(np.mean(values)), 4) if values else 0.0  # noqa: E731
     return {
         "chats": chats,
         "k": k,
         "questions": total,
         "needing_assistant": needing,
         "needing_share": round(needing / max(total, 1), 4),
-        "trigger_rate": mean(triggers),
-        "recall_when_needed": {name: mean(values) for name, values in found.items()},
-        "context_tokens_per_question": {name: mean(values) for name, values in tokens.items()},
+        "trigger_rate": rounded_mean(triggers),
+        "recall_when_needed": {name: rounded_mean(values) for name, values in found.items()},
+        "context_tokens_per_question": {name: rounded_mean(values) for name, values in tokens.items()},
     }
 
 

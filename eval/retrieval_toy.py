@@ -46,7 +46,9 @@ from eval.retrieval import (
     RANKINGS,
     ContextTokens,
     best_single_path,
+    headline_k,
     question_rankings,
+    rounded_mean,
     turn_records,
 )
 from eval.retrieval_assistant import format_assistant_recall, run_assistant_recall
@@ -168,16 +170,19 @@ def score_set(
             for k in every_k:
                 curve[group][k].append(recalls[f"recall@{k}"])
                 context[group][k].append(spent[f"tokens@{k}"])
-    mean = lambda values: round(float(np.mean(values)), 4)  # noqa: E731
     return {
         "records": sum(len(rs) for rs in active.values()),
         "rankings": {
-            name: {group: {m: mean(v) for m, v in metrics.items()} for group, metrics in groups.items()}
+            name: {
+                group: {m: rounded_mean(v) for m, v in metrics.items()} for group, metrics in groups.items()
+            }
             for name, groups in per.items()
         },
         # `fused` at every k from 1: recall, and context tokens per question
-        "fused_recall_curve": {g: [mean(by_k[k]) for k in sorted(by_k)] for g, by_k in curve.items()},
-        "context_tokens_curve": {g: [mean(by_k[k]) for k in sorted(by_k)] for g, by_k in context.items()},
+        "fused_recall_curve": {g: [rounded_mean(by_k[k]) for k in sorted(by_k)] for g, by_k in curve.items()},
+        "context_tokens_curve": {
+            g: [rounded_mean(by_k[k]) for k in sorted(by_k)] for g, by_k in context.items()
+        },
     }
 
 
@@ -265,7 +270,7 @@ def run_toy(
         "sets": {},
     }
     if cfg.assistant_chats:
-        k = 10 if 10 in ks else max(ks)
+        k = headline_k(ks)
         others = [(q.question, q.reference_date) for q in questions]
         result["assistant_recall"] = run_assistant_recall(
             cfg.assistant_chats, cfg.seed, k, fresh_memory, count_tokens, others
@@ -306,7 +311,7 @@ def equal_recall_lines(result: dict, k: int) -> list[str]:
 def format_toy(result: dict) -> str:
     """The overall table (one row per memory set) and the per-class fused recall@10 table."""
     ks = result["k"]
-    k10 = 10 if 10 in ks else ks[-1]
+    k10 = headline_k(ks)
     lines = [
         f"{result['questions']['all']} questions over {result['world']['conversations']} dialogues "
         f"({result['world']['turns']} turns); fused = the runtime's search order",
