@@ -204,13 +204,20 @@ def rows(driver, table: str) -> list:
 
 
 def follow(driver, element) -> None:
-    """Click a link or button and wait for the next page to replace this one."""
-    from selenium.webdriver.support import expected_conditions
+    """Click a link or button and wait for the next page to replace this one.
+
+    The old page is marked in its window object, which a navigation discards. Waiting
+    on a stale element instead races the navigation: Chromium may answer a query on
+    the half-replaced document with a protocol error rather than "stale".
+    """
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    page = driver.find_element("tag name", "html")
+    driver.execute_script("window.leavingThisPage = true")
     element.click()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 10, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script("return !window.leavingThisPage && document.readyState === 'complete'")
+    )
 
 
 @pytest.mark.integration
