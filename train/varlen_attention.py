@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, find_packed_sequence_indices, sdpa_mask
 
 NAME = "sdpa_varlen"
 
@@ -23,12 +23,11 @@ NAME = "sdpa_varlen"
 def sequence_bounds(cu_seq_lens: torch.Tensor | None, position_ids: torch.Tensor | None) -> list[int] | None:
     """Where each sequence of a one-row batch starts, and where the last ends; None for one sequence."""
     if cu_seq_lens is None:
-        if position_ids is None:
+        # transformers' own packed-sequence rule: a sequence starts wherever the positions do not count on
+        sequence = None if position_ids is None else find_packed_sequence_indices(position_ids[:1])
+        if sequence is None:
             return None
-        # a sequence starts wherever the positions do not count on (transformers' packed-sequence rule)
-        row = position_ids[0]
-        starts = ((row[1:] - row[:-1]) != 1).nonzero().flatten() + 1
-        cu_seq_lens = torch.cat([starts.new_tensor([0]), starts, starts.new_tensor([row.shape[0]])])
+        cu_seq_lens = torch.cat([sequence.new_zeros(1), torch.bincount(sequence[0]).cumsum(0)])
     bounds = cu_seq_lens.tolist()
     return bounds if len(bounds) > 2 else None
 
