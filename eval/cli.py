@@ -17,6 +17,11 @@ def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def str_list(text: str) -> list[str]:
+    """`conv-26,conv-30` -> ["conv-26", "conv-30"]."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def name_path(text: str) -> tuple[str, str]:
     """`trained=runs/demo/export-tiny` -> ("trained", "runs/demo/export-tiny")."""
     name, sep, path = text.partition("=")
@@ -51,11 +56,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the results as JSON here")
 
     x = sub.add_parser(
-        "extraction", help="schema adherence and field-level quality of an extractor vs reference answers"
+        "extraction",
+        help="an extractor vs a datagen split's reference answers, or vs LoCoMo's own annotations",
     )
     _common(x)
     x.add_argument(
+        "--benchmark",
+        choices=["references", "locomo"],
+        help="references (a datagen split, the default) or locomo (its observations and events as gold)",
+    )
+    x.add_argument(
         "--references", help="data_gen output or dataset folder, DIR[:split] (default split: test)"
+    )
+    x.add_argument("--input", help="locomo: locomo10.json (default: the shared data's)")
+    x.add_argument(
+        "--conversations",
+        type=str_list,
+        help="locomo: score only these conversations, e.g. conv-26,conv-30 (those no training saw)",
+    )
+    x.add_argument("--extractor", choices=["turns"], help="locomo: the rule extractor (every turn a record)")
+    x.add_argument(
+        "--labels", help="locomo: a data_gen labels.jsonl of the same windows (a teacher's answers)"
     )
     x.add_argument("--base-url", help="an OpenAI-compatible endpoint serving the extractor")
     x.add_argument("--hf-model", help="a local Hugging Face model or export folder (transformers generation)")
@@ -134,26 +155,21 @@ def run_extraction(args: argparse.Namespace) -> int:
     import time
 
     from dimmem.cache import ResponseCache
-    from dimmem.llm import ModelClient
-    from eval.extraction import evaluate, load_references, predict_endpoint, predict_hf, read_predictions
 
     cfg = load_run(args)
-    refs = load_references(cfg.references, cfg.limit)
     out = Path(cfg.out)
     cache = ResponseCache(out / "cache.sqlite")
+    if cfg.benchmark == "locomo":
+        from eval.extraction_locomo import run_locomo
+        from eval.report import locomo_summary
+
+        print(locomo_summary(run_locomo(cfg, out, cache), out))
+        return 0
+    from eval.extraction import evaluate, load_references, predict
+
+    refs = load_references(cfg.references, cfg.limit)
     start = time.perf_counter()
-    if cfg.predictions:
-        predictions, source, model = read_predictions(cfg.predictions), "predictions", cfg.predictions
-    elif cfg.hf_model:
-        predictions = predict_hf(refs, cfg.hf_model, cache, cfg.max_tokens, cfg.batch_size)
-        source, model = "hf", cfg.hf_model
-    else:  # another server answering to the same model name is another model: the endpoint is in the key
-        client = ModelClient(cfg.model, cache=cache, key_extra={"endpoint": cfg.model.base_url})
-        predictions, source, model = (
-            predict_endpoint(refs, client, cfg.max_tokens),
-            "endpoint",
-            cfg.model.model,
-        )
+    predictions, source, model = predict(cfg, refs, cache)
     wall = time.perf_counter() - start
     run_info = {
         "name": out.name,

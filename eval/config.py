@@ -11,26 +11,66 @@ from dimmem.config import Section, WindowConfig
 from dimmem.llm import ModelConfig
 
 
-class ExtractionRun(Section):
-    """`dimmem eval extraction`: one extractor's answers scored against a datagen split."""
+class Thresholds(Section):
+    """Similarity at which a record states a gold memory, per measure (eval/locomo_gold.py)."""
 
-    references: str  # a datagen output or dataset folder, DIR[:split] (default split: test)
+    cosine: float = Field(ge=-1, le=1)  # embedding cosine (all-MiniLM-L6-v2)
+    token_f1: float = Field(ge=0, le=1)
+
+
+class LocomoExtraction(Section):
+    """The LoCoMo extraction benchmark: windows, gold and scoring (eval/extraction_locomo.py)."""
+
+    input: str | None = None  # locomo10.json; null: the shared data's
+    conversations: list[str] | None = None  # score only these (held out from training); null: all
+    windows: WindowConfig = WindowConfig(
+        window=25, overlap=5
+    )  # the paper's; no LoCoMo window nears 4096 tokens
+    thresholds: Thresholds | None = None  # null: fitted on the other conversations of the input
+    event_days: int = Field(
+        7, ge=0
+    )  # an event's record time must fall within this many days before its session
+    bootstrap: int = Field(1000, ge=0)  # resamples of the sessions for the 95% intervals (0: none)
+    tokenizer: str | None = None  # counts tokens per record; null: the Qwen3 tokenizer in the shared data
+
+
+class ExtractionRun(Section):
+    """`dimmem eval extraction`: one extractor's answers scored against a datagen split's references, or
+    against LoCoMo's own annotations (`benchmark: locomo`)."""
+
+    benchmark: Literal["references", "locomo"] = "references"
+    references: str | None = None  # a datagen output or dataset folder, DIR[:split] (default split: test)
     out: str
     model: ModelConfig | None = None  # an OpenAI-compatible endpoint serving the extractor
     hf_model: str | None = None  # a local Hugging Face model or export folder (transformers, unconstrained)
     predictions: str | None = (
         None  # stored answers, JSONL {window_id, output, finish_reason?, completion_tokens?}
     )
+    extractor: Literal["turns"] | None = None  # locomo: the rule extractor (every turn a record)
+    labels: str | None = None  # locomo: a data_gen labels.jsonl of the same windows (a teacher's answers)
+    locomo: LocomoExtraction = LocomoExtraction()
     max_tokens: int = Field(1024, ge=1)
     batch_size: int = Field(8, ge=1)  # hf_model generation batch
     limit: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> ExtractionRun:
-        given = [name for name in ("model", "hf_model", "predictions") if getattr(self, name) is not None]
+        sources = ("model", "hf_model", "predictions", "extractor", "labels")
+        given = [name for name in sources if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"give exactly one answer source of model, hf_model, predictions (got {given or 'none'})"
+                f"give exactly one answer source of {', '.join(sources)} (got {given or 'none'})"
+            )
+        if self.benchmark == "references":
+            if not self.references:
+                raise ValueError("benchmark references needs references (a datagen output, DIR[:split])")
+            if given[0] in ("extractor", "labels"):
+                raise ValueError(f"{given[0]} runs on LoCoMo windows only: set benchmark: locomo")
+        elif self.references:
+            raise ValueError("benchmark locomo scores against LoCoMo's annotations: drop references")
+        elif self.limit is not None:
+            raise ValueError(
+                "benchmark locomo scores whole conversations: select them with locomo.conversations"
             )
         return self
 
@@ -99,7 +139,12 @@ class RetrievalRun(Section):
 # command-line flag -> dotted config key, per subcommand
 FLAGS = {
     "extraction": {
+        "benchmark": "benchmark",
         "references": "references",
+        "input": "locomo.input",
+        "conversations": "locomo.conversations",
+        "extractor": "extractor",
+        "labels": "labels",
         "out": "out",
         "hf_model": "hf_model",
         "predictions": "predictions",

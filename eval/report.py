@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 from dimmem.contract.records import MEMORY_TYPES  # noqa: E402
 
@@ -174,6 +175,148 @@ def plot_recall_tokens(result: dict, path: Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- the LoCoMo extraction benchmark (eval/extraction_locomo.py) ------------------------------------
+
+LOCOMO_ROWS = (  # (metric prefix, label): recall, precision and F1 of each
+    ("pointer", "pointers (evidence turn cited, turn level)"),
+    ("fact", "facts by content (cosine)"),
+    ("fact_pointer", "facts by content and pointer (cosine)"),
+    ("fact_lexical", "facts by content (token F1)"),
+    ("fact_lexical_pointer", "facts by content and pointer (token F1)"),
+)
+LOCOMO_FORMAT = (
+    ("parse_rate", "JSON parse rate"),
+    ("schema_valid_rate", "schema-valid rate"),
+    ("valid_rate", "passes every validator rule"),
+    ("truncation_rate", "truncated at max_tokens"),
+    ("records_per_window", "records kept per window"),
+    ("tokens_per_record", "tokens per record (Qwen3)"),
+    ("time_format_rate", "memories with a well-formed time"),
+    ("overlap_violation_rate", "memories citing overlap context"),
+    ("rejected_memories", "memories the validator refused"),
+    ("failed_windows", "windows with no usable answer"),
+)
+
+
+def _with_ci(metrics: dict, key: str) -> str:
+    value, ci = metrics.get(key), (metrics.get("ci") or {}).get(key)
+    if value is None:
+        return "n/a"
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{value:.3f}"
+
+
+def locomo_summary(metrics: dict, out: Path) -> str:
+    """The one line the command prints."""
+    return (
+        f"{metrics['windows']} windows of {len(metrics['conversations'])} conversations, "
+        f"{metrics['records']} records: pointer F1 {metrics['pointer_f1']:.3f}, "
+        f"fact recall {_fmt(metrics['fact_recall'])} / precision {_fmt(metrics['fact_precision'])}, "
+        f"event recall {_fmt(metrics['event_recall'])}, schema-valid {metrics['schema_valid_rate']:.3f}"
+        f"  ->  {out}/report.md"
+    )
+
+
+def write_locomo_report(metrics: dict, out: Path) -> Path:
+    run, thresholds, counts = metrics["run"], metrics["thresholds"], metrics["counts"]
+    how = (
+        "given in the config"
+        if thresholds["given"]
+        else "fitted on the other conversations of the input (leave one conversation out), "
+        + thresholds["fitted"]["fitted_on"]
+    )
+    ranges = ", ".join(
+        f"{m} {min(v):.3f}" + (f"-{max(v):.3f}" if len(v) > 1 else "")
+        for m, v in thresholds["measures"].items()
+    )
+    lines = [
+        f"# LoCoMo extraction benchmark: {run['name']}",
+        "",
+        f"Answers from {run['source']} `{run['model']}` on {metrics['windows']} windows "
+        f"({run['windows']['window']}/{run['windows']['overlap']}) of `{run['input']}`; "
+        f"scored conversations: {', '.join(metrics['conversations'])} ({metrics['sessions']} sessions). "
+        f"{counts.get('observations', 0)} observations, {counts.get('events', 0)} events, "
+        f"{metrics['records']} records kept.",
+        "",
+        f"A record states a gold memory at similarity >= the threshold ({ranges}), {how}. "
+        f"95% intervals: {run['bootstrap']} bootstrap resamples of the sessions.",
+        "",
+        "| gold | recall | precision | F1 |",
+        "|---|---|---|---|",
+    ]
+    for prefix, label in LOCOMO_ROWS:
+        lines.append(
+            f"| {label} | {_with_ci(metrics, prefix + '_recall')} | "
+            f"{_with_ci(metrics, prefix + '_precision')} | {_fmt(metrics[prefix + '_f1'])} |"
+        )
+    lines += [
+        f"| events (cosine) | {_with_ci(metrics, 'event_recall')} | | |",
+        f"| events, record time within {run['event_days']} days before the session | "
+        f"{_with_ci(metrics, 'event_time_recall')} | | |",
+        "",
+        "| format | value |",
+        "|---|---|",
+        *(f"| {label} | {_fmt(metrics.get(key))} |" for key, label in LOCOMO_FORMAT),
+        "",
+        "Per conversation (fact: cosine, content only):",
+        "",
+        "| conversation | observations | records | pointer F1 | fact recall | fact precision "
+        "| event recall |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cid, c in metrics["per_conversation"].items():
+        cells = [str(c["observations"]), str(c["records"]), _fmt(c["pointer_f1"])]
+        cells += [_with_ci(c, key) for key in ("fact_recall", "fact_precision", "event_recall")]
+        lines.append(f"| {cid} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "What the gold cannot say: LoCoMo's observations and events carry no type and no location, reason or "
+        "purpose, so only content, pointer, speaker and date are scored here. Observations are incomplete: a "
+        "true memory they do not list counts against precision, which is therefore a lower bound.",
+        "",
+        "![LoCoMo extraction](locomo.png)",
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def plot_locomo(metrics: dict, out: Path) -> Path:
+    """Recall and precision of each gold with its 95% interval, and fact recall per conversation."""
+    bars = [(f"{p}_recall", f"{label}: recall") for p, label in LOCOMO_ROWS]
+    bars += [(f"{p}_precision", f"{label}: precision") for p, label in LOCOMO_ROWS]
+    bars += [("event_recall", "events: recall"), ("event_time_recall", "events, time agrees: recall")]
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [2.2, 1]}, constrained_layout=True
+    )
+    values = [metrics.get(k) or 0.0 for k, _ in bars]
+    errors = np.array(
+        [
+            [v - (metrics["ci"].get(k) or [v, v])[0], (metrics["ci"].get(k) or [v, v])[1] - v]
+            for (k, _), v in zip(bars, values)
+        ]
+    ).T
+    y = np.arange(len(bars))[::-1]
+    left.barh(y, values, xerr=errors, color=["#4C72B0" if "recall" in k else "#DD8452" for k, _ in bars])
+    left.set(yticks=y, yticklabels=[label for _, label in bars], xlim=(0, 1), xlabel="score (95% interval)")
+    left.tick_params(axis="y", labelsize=8)
+    left.grid(axis="x", alpha=0.3)
+    conversations = list(metrics["per_conversation"])
+    recall = [metrics["per_conversation"][c].get("fact_recall") or 0.0 for c in conversations]
+    precision = [metrics["per_conversation"][c].get("fact_precision") or 0.0 for c in conversations]
+    x = np.arange(len(conversations))
+    right.bar(x - 0.2, recall, 0.4, label="fact recall", color="#4C72B0")
+    right.bar(x + 0.2, precision, 0.4, label="fact precision", color="#DD8452")
+    right.set(xticks=x, ylim=(0, 1), title="per conversation")
+    right.set_xticklabels(conversations, rotation=60, fontsize=8)
+    right.legend(fontsize=8)
+    fig.suptitle(f"LoCoMo extraction: {metrics['run']['source']} {metrics['run']['model']}")
+    path = out / "locomo.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

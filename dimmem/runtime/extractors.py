@@ -9,17 +9,21 @@ them). The runtime validates each answer and resolves its pointers; an extractor
   episodic record dated by its session (the raw-turns baseline of the retrieval benchmark).
 
 A window without an answer maps to the reason (a string) instead, so one bad window costs only itself.
+`keep_valid` is what the runtime makes of one window's answer: the memories the validator passes, their
+pointers resolved (the memory runtime stores them; the extraction benchmark scores them).
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from dimmem.contract.conversation import Turn
 from dimmem.contract.prompts import extract_messages
+from dimmem.contract.validate import Issue, validate
 from dimmem.contract.windows import Window
 from dimmem.llm import ModelClient, ModelError
 from dimmem.runtime.query import content_words
@@ -28,6 +32,30 @@ from dimmem.runtime.query import content_words
 class Extractor(Protocol):
     def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
         """{window id: extract answer, or why there is none}."""
+
+
+@dataclass
+class WindowRecords:
+    records: list[dict]  # the valid memories as records, pointers resolved to conversation turn ids
+    issues: list[Issue] = field(default_factory=list)  # everything the validator found
+    failure: str | None = None  # why the window gives no record at all (no answer, or an unusable one)
+
+    @property
+    def rejected(self) -> set[int]:
+        """Indexes of the memories the validator refused (each costs only itself)."""
+        return {issue.index for issue in self.issues if issue.index is not None}
+
+
+def keep_valid(window: Window, answer: dict | str) -> WindowRecords:
+    """One window's answer (or the reason it has none) as the records the runtime keeps."""
+    if isinstance(answer, str):
+        return WindowRecords([], failure=answer)
+    issues = validate("extract", answer, window.scope).issues
+    if any(issue.index is None for issue in issues):  # the answer as a whole is unusable
+        return WindowRecords([], issues, f"{window.id}: " + "; ".join(map(str, issues)))
+    result = WindowRecords([], issues)
+    result.records = window.resolve([m for i, m in enumerate(answer["memories"]) if i not in result.rejected])
+    return result
 
 
 class EndpointExtractor:

@@ -83,7 +83,7 @@ from dimmem.contract.windows import Window, _fit, make_windows
 from dimmem.runtime.config import MemoryConfig
 from dimmem.runtime.consolidate import MEMORY_FIELDS, decision_scope
 from dimmem.runtime.embed import Batcher, TextEncoder
-from dimmem.runtime.extractors import Extractor
+from dimmem.runtime.extractors import Extractor, keep_valid
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
 from dimmem.runtime.stores import Store
@@ -215,18 +215,13 @@ class Memory:
         answers = self.extractor(windows) if windows else {}
         records, rejected, failed, n_bad = [], [], {}, 0
         for window in windows:
-            answer = answers[window.id]
-            if isinstance(answer, str):
-                failed[window.id] = answer
+            kept = keep_valid(window, answers[window.id])
+            if kept.failure is not None:
+                failed[window.id] = kept.failure
                 continue
-            issues = validate("extract", answer, window.scope).issues
-            if any(issue.index is None for issue in issues):  # the answer as a whole is unusable
-                failed[window.id] = f"{window.id}: " + "; ".join(map(str, issues))
-                continue
-            bad = {issue.index for issue in issues}  # a bad memory costs only itself
-            rejected += [f"{window.id}: {issue}" for issue in issues]
-            records += window.resolve([m for i, m in enumerate(answer["memories"]) if i not in bad])
-            n_bad += len(bad)
+            rejected += [f"{window.id}: {issue}" for issue in kept.issues]
+            records += kept.records
+            n_bad += len(kept.rejected)
         with self._extract_lock:
             self.stats["rejected_memories"] += n_bad
             self.stats["windows"] += len(windows)

@@ -1,0 +1,481 @@
+"""`dimmem eval extraction --benchmark locomo`: any extractor's records scored against LoCoMo's own
+annotations (eval/locomo_gold.py), conversation by conversation.
+
+LoCoMo is windowed with the project's windowing (25/5 by default, the paper's); the extractor answers
+every window; each answer becomes the records the memory runtime would keep (`keep_valid`: the validator's
+verdict, pointers resolved). Those records are scored against the gold:
+
+- pointers, turn level: a gold evidence turn is found when a record cites it with an accepted speaker
+  (the observation's person, or the turn's own speaker, which the contract's speaker rule asks for);
+  precision over the distinct (speaker, turn) pairs the records cite;
+- facts, by content: observations and records of the same session aligned one-to-one (Hungarian, most
+  total similarity among pairs at or above the threshold), by embedding cosine and by token F1, each
+  with and without the pointer agreeing (the record cites one of the observation's evidence turns);
+- events: the same alignment against `event_summary`, and again requiring the record's time to fall in
+  the days before the session date;
+- format: parse, schema-valid and valid rates, records per window, tokens per record, time-format and
+  overlap-rule rates per memory.
+
+Recall and precision are micro-averaged; 95% intervals come from resampling sessions (the bootstrap),
+overall and per conversation. Observations are incomplete, so precision is a lower bound: a true memory
+LoCoMo did not annotate counts against it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from dimmem.contract.conversation import Conversation
+from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.contract.timespan import overlaps, parse_span
+from dimmem.contract.validate import parse_json
+from dimmem.contract.windows import Window
+from dimmem.runtime.extractors import WindowRecords, keep_valid
+from eval.extraction import Prediction
+from eval.locomo_gold import MEASURES, ConversationGold, conversation_gold
+from eval.metrics import token_f1
+
+# the fact alignments: (name, measure, pointer must agree)
+FACT_VARIANTS = (
+    ("fact", "cosine", False),
+    ("fact_pointer", "cosine", True),
+    ("fact_lexical", "token_f1", False),
+    ("fact_lexical_pointer", "token_f1", True),
+)
+# ratio metrics: name -> (numerator count, denominator count)
+RATIOS = {
+    "pointer_recall": ("pointer_found", "pointer_gold"),
+    "pointer_precision": ("pointer_correct", "pointer_cited"),
+    **{
+        f"{name}_{kind}": (f"{name}_matched", denominator)
+        for name, _, _ in FACT_VARIANTS
+        for kind, denominator in (("recall", "observations"), ("precision", "records"))
+    },
+    "event_recall": ("event_matched", "events"),
+    "event_time_recall": ("event_time_matched", "events"),
+}
+F1S = ("pointer", *(name for name, _, _ in FACT_VARIANTS))
+
+
+@dataclass
+class ScoredWindow:
+    window: Window
+    prediction: Prediction
+    kept: WindowRecords
+    memories: int  # objects the answer lists under `memories`
+    parsed: bool
+    schema_valid: bool
+
+
+@dataclass
+class ConversationScore:
+    counts: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # session -> counts
+    matches: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)  # variant -> gold -> rec
+
+
+def score_windows(windows: list[Window], predictions: dict[str, Prediction]) -> list[ScoredWindow]:
+    out = []
+    for w in windows:
+        p = predictions[w.id]
+        value, _ = parse_json(p.output) if p.output else (None, None)
+        kept = keep_valid(w, value if value is not None else p.error or f"{w.id}: not a JSON object")
+        memories = value.get("memories") if value is not None else None
+        out.append(
+            ScoredWindow(
+                w,
+                p,
+                kept,
+                len(memories) if isinstance(memories, list) else 0,
+                value is not None,
+                value is not None and not {"json", "schema"} & {i.rule for i in kept.issues},
+            )
+        )
+    return out
+
+
+def _align(similarity: np.ndarray, eligible: np.ndarray, threshold: float) -> list[tuple[int, int, float]]:
+    """(gold, record, similarity) of the one-to-one matching with the most total similarity among
+    eligible pairs at or above the threshold."""
+    weights = np.where(eligible & (similarity >= threshold), similarity, 0.0)
+    if not weights.any():
+        return []
+    rows, cols = linear_sum_assignment(weights, maximize=True)
+    return [(int(i), int(j), float(similarity[i, j])) for i, j in zip(rows, cols) if weights[i, j] > 0]
+
+
+def _in_days_before(record_time: str | None, day: str, days: int) -> bool:
+    if not record_time:
+        return False
+    end = date.fromisoformat(day)
+    return overlaps(parse_span(record_time), (end - timedelta(days=days), end))
+
+
+def score_conversation(
+    conv: Conversation,
+    gold: ConversationGold,
+    records: list[dict],
+    vectors: Callable[[list[str]], np.ndarray],
+    thresholds: dict[str, float],
+    event_days: int,
+) -> ConversationScore:
+    """Every count of one conversation, per session (the bootstrap's unit), and the matches made."""
+    session_of = {t.id: t.session_id for t in conv.turns}
+    score = ConversationScore()
+    count = score.counts
+    record_sessions = [{session_of[t] for t in r["source_turns"]} for r in records]
+    for r in records:
+        count[session_of[r["source_turns"][0]]]["records"] += 1
+
+    # pointers: distinct evidence turns, each with the speakers a record may cite it under
+    accepted: dict[str, set[str]] = defaultdict(set)
+    for g in gold.observations:
+        for turn in g.evidence:
+            accepted[turn] |= g.speakers
+    cited = {(r["speaker"], t) for r in records for t in r["source_turns"]}
+    for speaker, turn in cited:
+        count[session_of[turn]]["pointer_cited"] += 1
+        count[session_of[turn]]["pointer_correct"] += speaker in accepted.get(turn, ())
+    for turn, speakers in accepted.items():
+        count[session_of[turn]]["pointer_gold"] += 1
+        count[session_of[turn]]["pointer_found"] += any((s, turn) in cited for s in speakers)
+
+    record_vectors = vectors([r["content"] for r in records]) if records else None
+    for kind, items in (("observations", gold.observations), ("events", gold.events)):
+        for g in items:
+            count[g.session][kind] += 1
+        if not items or not records:
+            continue
+        eligible = np.array([[g.session in sessions for sessions in record_sessions] for g in items])
+        similarity = {
+            "cosine": vectors([g.content for g in items]) @ record_vectors.T,
+            "token_f1": np.array(
+                [
+                    [token_f1(g.content, r["content"]) if ok else 0.0 for r, ok in zip(records, row)]
+                    for g, row in zip(items, eligible)
+                ]
+            ),
+        }
+        if kind == "observations":
+            cites = np.array(
+                [[bool(set(g.evidence) & set(r["source_turns"])) for r in records] for g in items]
+            )
+            variants = [(n, m, eligible & cites if p else eligible) for n, m, p in FACT_VARIANTS]
+        else:
+            in_time = np.array(
+                [[_in_days_before(r.get("time"), g.date, event_days) for r in records] for g in items]
+            )
+            variants = [("event", "cosine", eligible), ("event_time", "cosine", eligible & in_time)]
+        for name, measure, mask in variants:
+            pairs = _align(similarity[measure], mask, thresholds[measure])
+            score.matches[name] = {items[i].id: (records[j]["id"], s) for i, j, s in pairs}
+            for i, _, _ in pairs:
+                count[items[i].session][f"{name}_matched"] += 1
+    return score
+
+
+def ratios(totals: Counter | dict) -> dict[str, float | None]:
+    """Every ratio metric and F1 from summed counts (None where the denominator is 0)."""
+    out: dict[str, float | None] = {}
+    for name, (num, den) in RATIOS.items():
+        out[name] = totals.get(num, 0) / totals[den] if totals.get(den) else None
+    for name in F1S:
+        p, r = out[f"{name}_precision"], out[f"{name}_recall"]
+        out[f"{name}_f1"] = 2 * p * r / (p + r) if p is not None and r is not None and p + r else 0.0
+    return out
+
+
+def bootstrap(units: list[Counter], samples: int, seed: int = 0) -> dict[str, list[float] | None]:
+    """95% percentile intervals of every ratio metric, resampling the units (sessions) with replacement."""
+    if not units or samples < 1:
+        return {}
+    keys = sorted({k for u in units for k in u})
+    table = np.array([[u[k] for k in keys] for u in units], dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = table[rng.integers(0, len(units), size=(samples, len(units)))].sum(axis=1)
+    values: dict[str, list[float]] = defaultdict(list)
+    for row in draws:
+        for name, value in ratios(dict(zip(keys, row))).items():
+            if value is not None:
+                values[name].append(value)
+    return {
+        name: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if v else None
+        for name, v in ((n, values.get(n, [])) for n in ratios(Counter()))
+    }
+
+
+def format_stats(scored: list[ScoredWindow], count_tokens: Callable[[str], int]) -> dict:
+    """How the answers look, whatever they match: rates per window and per memory."""
+    n = len(scored)
+    records = [r for s in scored for r in s.kept.records]
+    memories = sum(s.memories for s in scored)
+    per_memory = Counter(
+        (issue.rule, s.window.id, issue.index)
+        for s in scored
+        for issue in s.kept.issues
+        if issue.index is not None
+    )
+    broken = Counter(rule for rule, _, _ in per_memory)
+    rules = Counter(rule for s in scored for rule in {i.rule for i in s.kept.issues})
+    tokens = [count_tokens(json.dumps({k: r[k] for k in MEMORY_FIELDS}, ensure_ascii=False)) for r in records]
+    return {
+        "windows": n,
+        "parse_rate": sum(s.parsed for s in scored) / n if n else 0.0,
+        "schema_valid_rate": sum(s.schema_valid for s in scored) / n if n else 0.0,
+        "valid_rate": sum(s.parsed and not s.kept.issues for s in scored) / n if n else 0.0,
+        "truncation_rate": sum(s.prediction.finish_reason == "length" for s in scored) / n if n else 0.0,
+        "failed_windows": sum(s.kept.failure is not None for s in scored),
+        "memories_predicted": memories,
+        "records": len(records),
+        "rejected_memories": sum(len(s.kept.rejected) for s in scored),
+        "records_per_window": len(records) / n if n else 0.0,
+        "tokens_per_record": float(np.mean(tokens)) if tokens else None,
+        "time_format_rate": 1 - broken["time_format"] / memories if memories else None,
+        "overlap_violation_rate": broken["source_turns_overlap"] / memories if memories else None,
+        "rule_violation_rate": {rule: c / n for rule, c in sorted(rules.items())},
+    }
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def select(conversations: list[Conversation], wanted: list[str] | None) -> list[Conversation]:
+    ids = [c.id for c in conversations]
+    if not wanted:
+        return conversations
+    unknown = [w for w in wanted if w not in ids]
+    if unknown:
+        raise ValueError(f"conversations {unknown} not in the input (it holds {', '.join(ids)})")
+    return [c for c in conversations if c.id in set(wanted)]
+
+
+def check_labels(path: str | Path, windows: list[Window]) -> None:
+    """Refuse a labels file windowed differently from this benchmark: its answers would be scored against
+    other turns. Each label row names the global turns it cites; they must be new turns of our window."""
+    new = {w.id: {t.id for t in w.new} for w in windows}
+    conversations = {w.conversation_id for w in windows}
+    found = 0
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            row = json.loads(line)
+            if row.get("task") != "extract" or row.get("conversation_id") not in conversations:
+                continue
+            turns = {t for m in row.get("memories") or [] for t in m.get("source_turns") or []}
+            outside = sorted(turns - new.get(row["window_id"], set()))
+            if row["window_id"] not in new or outside:
+                raise ValueError(
+                    f"{path}: line {number}: window {row['window_id']} was cut differently from this "
+                    f"benchmark's windows (its records cite {outside}); "
+                    "score labels made with the same locomo.windows settings"
+                )
+            found += 1
+    if not found:
+        raise ValueError(f"{path}: no extract label for any window of {sorted(conversations)}")
+
+
+def _answers(cfg, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
+    """The rule extractor's or a labels file's answers, as predictions (the runtime's extractors)."""
+    from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor
+
+    if cfg.extractor == "turns":
+        answers, source, model = TurnExtractor()(windows), "rule", "turns"
+    else:
+        check_labels(cfg.labels, windows)
+        answers, source, model = ReplayExtractor(cfg.labels)(windows), "labels", cfg.labels
+    predictions = {
+        w: Prediction(w, "", error=a) if isinstance(a, str) else Prediction(w, json.dumps(a), "stop")
+        for w, a in answers.items()
+    }
+    return predictions, source, model
+
+
+class _Vectors:
+    """Unit-length embeddings, each distinct text encoded once per run."""
+
+    def __init__(self, encoder):
+        self.encoder, self.known = encoder, {}
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        todo = list(dict.fromkeys(t for t in texts if t not in self.known))
+        if todo:
+            self.known.update(zip(todo, self.encoder.encode(todo)))
+        return np.array([self.known[t] for t in texts], dtype=np.float32).reshape(len(texts), -1)
+
+
+def run_locomo(cfg, out: Path, cache) -> dict:
+    """Window, extract, score and write the run folder; returns metrics.json's content."""
+    from dimmem.contract.loaders.locomo import load_locomo
+    from dimmem.contract.prompts import extract_messages, extract_prompt_counter
+    from dimmem.contract.tokens import load_tokenizer
+    from dimmem.contract.windows import window_conversations
+    from dimmem.paths import shared_data
+    from dimmem.runtime.embed import cache_dir, default_model_path, make_embedder
+    from eval.extraction import Reference, predict
+
+    bench = cfg.locomo
+    input_path = Path(bench.input) if bench.input else shared_data("locomo/locomo10.json")
+    everything = load_locomo(input_path)
+    conversations = select(everything, bench.conversations)
+    w = bench.windows
+    counter = extract_prompt_counter(w.tokenizer) if w.max_tokens else None
+    windows = window_conversations(conversations, w.window, w.overlap, w.max_tokens, counter)
+    out.mkdir(parents=True, exist_ok=True)
+
+    start = time.perf_counter()
+    if cfg.extractor or cfg.labels:
+        predictions, source, model = _answers(cfg, windows)
+    else:
+        refs = [Reference(win.id, extract_messages(win), "", win.scope) for win in windows]
+        predictions, source, model = predict(cfg, refs, cache)
+    wall = time.perf_counter() - start
+    missing = [win.id for win in windows if win.id not in predictions]
+    if missing:
+        raise ValueError(f"no prediction for {len(missing)} of {len(windows)} windows (first: {missing[:3]})")
+
+    scored = score_windows(windows, predictions)
+    vectors = _Vectors(make_embedder())
+    if bench.thresholds is not None:
+        fitted = None
+        thresholds = {c.id: bench.thresholds.model_dump() for c in conversations}
+    else:
+        from eval.locomo_gold import calibrate
+
+        fitted = calibrate(input_path, everything, vectors, default_model_path(), cache_dir())
+        thresholds = {c.id: {m: fitted[m]["held_out"][c.id] for m in MEASURES} for c in conversations}
+
+    golds = {c.id: conversation_gold(c) for c in conversations}
+    by_conversation: dict[str, list[dict]] = defaultdict(list)
+    for s in scored:
+        by_conversation[s.window.conversation_id] += s.kept.records
+    scores = {
+        c.id: score_conversation(
+            c, golds[c.id], by_conversation[c.id], vectors, thresholds[c.id], bench.event_days
+        )
+        for c in conversations
+    }
+    tokenizer = load_tokenizer(bench.tokenizer or str(shared_data("qwen3-tokenizer")))
+    stats = format_stats(scored, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+    units = [counts for s in scores.values() for counts in s.counts.values()]
+    per_conversation = {
+        cid: {
+            **ratios(sum(s.counts.values(), Counter())),
+            "ci": bootstrap(list(s.counts.values()), bench.bootstrap),
+            "thresholds": thresholds[cid],
+            "observations": len(golds[cid].observations),
+            "events": len(golds[cid].events),
+            "records": sum(s.counts[u]["records"] for u in s.counts),
+        }
+        for cid, s in scores.items()
+    }
+    totals = sum(units, Counter())
+    fresh = [p for p in predictions.values() if not p.cached] if source in ("hf", "endpoint") else []
+    metrics = {
+        "benchmark": "locomo",
+        **ratios(totals),
+        "ci": bootstrap(units, bench.bootstrap),
+        "counts": dict(sorted(totals.items())),
+        **stats,
+        "conversations": [c.id for c in conversations],
+        "sessions": len(units),
+        "per_conversation": per_conversation,
+        "thresholds": {
+            "measures": {m: sorted({t[m] for t in thresholds.values()}) for m in MEASURES},
+            "fitted": fitted,
+            "given": bench.thresholds is not None,
+        },
+        "unknown_evidence": [u for g in golds.values() for u in g.unknown_evidence],
+        "windows_per_s": len(fresh) / wall if fresh and wall else None,
+        "run": {
+            "name": out.name,
+            "benchmark": "locomo",
+            "input": str(input_path),
+            "source": source,
+            "model": model,
+            "constrained": bool(cfg.model and cfg.model.structured_outputs),
+            "max_tokens": cfg.max_tokens,
+            "windows": w.model_dump(),
+            "event_days": bench.event_days,
+            "bootstrap": bench.bootstrap,
+        },
+    }
+    _write_windows(out, scored, golds, scores)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    from eval.report import plot_locomo, write_locomo_report
+
+    plot_locomo(metrics, out)
+    write_locomo_report(metrics, out)
+    return metrics
+
+
+def _write_windows(out: Path, scored: list[ScoredWindow], golds: dict, scores: dict) -> None:
+    """windows.jsonl (one window's turns, gold observations and kept records, with the content matches
+    of the `fact` alignment: what the inspector shows side by side) and predictions.jsonl (re-scorable)."""
+    home: dict[str, str] = {}  # observation -> the window whose new part holds its first evidence turn
+    for s in scored:
+        new = {t.id for t in s.window.new}
+        for g in golds[s.window.conversation_id].observations:
+            if g.evidence and g.evidence[0] in new:
+                home[g.id] = s.window.id
+    with (
+        open(out / "windows.jsonl", "w", encoding="utf-8") as rows,
+        open(out / "predictions.jsonl", "w", encoding="utf-8") as preds,
+    ):
+        for s in scored:
+            w = s.window
+            matches = scores[w.conversation_id].matches.get("fact", {})
+            by_record = {rid: (gid, sim) for gid, (rid, sim) in matches.items()}
+            gold = [g for g in golds[w.conversation_id].observations if home.get(g.id) == w.id]
+            row = {
+                "window_id": w.id,
+                "conversation_id": w.conversation_id,
+                "parsed": s.parsed,
+                "schema_valid": s.schema_valid,
+                "valid": s.parsed and not s.kept.issues,
+                "truncated": s.prediction.finish_reason == "length",
+                "rules": sorted({i.rule for i in s.kept.issues}),
+                "failure": s.kept.failure,
+                "predicted": len(s.kept.records),
+                "reference": len(gold),
+                "matched": sum(g.id in matches for g in gold),
+                "turns": [
+                    {
+                        "id": t.id,
+                        "speaker": t.speaker,
+                        "text": t.text,
+                        "time": t.session_time,
+                        "new": i >= len(w.context),
+                    }
+                    for i, t in enumerate(w.turns)
+                ],
+                "gold": [
+                    {
+                        "id": g.id,
+                        "person": g.person,
+                        "content": g.content,
+                        "evidence": list(g.evidence),
+                        "match": matches.get(g.id, (None, None))[0],
+                        "similarity": matches.get(g.id, (None, None))[1],
+                    }
+                    for g in gold
+                ],
+                "records": [
+                    {
+                        **{k: r[k] for k in MEMORY_FIELDS},
+                        "id": r["id"],
+                        "match": by_record.get(r["id"], (None, None))[0],
+                        "similarity": by_record.get(r["id"], (None, None))[1],
+                    }
+                    for r in s.kept.records
+                ],
+            }
+            rows.write(json.dumps(row, ensure_ascii=False) + "\n")
+            preds.write(json.dumps(s.prediction.row(), ensure_ascii=False) + "\n")

@@ -1,0 +1,229 @@
+"""The LoCoMo extraction benchmark (`dimmem eval extraction --benchmark locomo`): exact metrics of
+hand-made prediction files on two real conversations, the threshold fit, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dimmem.contract.loaders.locomo import load_locomo
+from dimmem.contract.windows import window_conversations
+from eval.cli import main as eval_main
+from eval.locomo_gold import best_f1_threshold, calibrate, conversation_gold, fit_thresholds
+
+TWO = ["conv-26", "conv-30"]
+FIXED = ["--set", "locomo.thresholds.cosine=0.95", "--set", "locomo.thresholds.token_f1=0.95"]
+
+
+@pytest.fixture(scope="module")
+def windows(locomo_path):
+    conversations = [c for c in load_locomo(locomo_path) if c.id in TWO]
+    return conversations, window_conversations(conversations, 25, 5)
+
+
+def record(window, turn_ids: list[str], content: str, time: str | None = None) -> dict:
+    """A memory of `window` citing global turn ids, as a model writes it (window-local ids)."""
+    local = dict(zip((t.id for t in window.turns), window.local_ids))
+    speaker = next(t.speaker for t in window.turns if t.id == turn_ids[0])
+    return {
+        "source_turns": [local[t] for t in turn_ids],
+        "speaker": speaker,
+        "content": content,
+        "type": "fact",
+        "time": time,
+        "location": None,
+        "reason": None,
+        "purpose": None,
+        "keywords": [speaker],
+    }
+
+
+def of(windows, conv):
+    return [w for w in windows if w.conversation_id == conv.id]
+
+
+def perfect_observations(conversations, windows) -> dict[str, list[dict]]:
+    """Every observation as one record, in the window holding its first evidence turn, citing its
+    evidence turns there."""
+    answers = {w.id: [] for w in windows}
+    for conv in conversations:
+        for g in conversation_gold(conv).observations:
+            w = next(w for w in of(windows, conv) if g.evidence[0] in {t.id for t in w.new})
+            cited = [t for t in g.evidence if t in {x.id for x in w.new}]
+            answers[w.id].append(record(w, cited, g.content))
+    return answers
+
+
+def run(tmp_path, answers: dict[str, list[dict]], *flags) -> dict:
+    path = tmp_path / "answers.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"window_id": w, "output": json.dumps({"memories": m})}) + "\n"
+            for w, m in answers.items()
+        )
+    )
+    out = tmp_path / "run"
+    args = ["extraction", "--benchmark", "locomo", "--conversations", ",".join(TWO)]
+    assert eval_main([*args, "--predictions", str(path), "--out", str(out), *FIXED, *flags]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_perfect_observations_score_one(tmp_path, windows):
+    conversations, wins = windows
+    m = run(tmp_path, perfect_observations(conversations, wins))
+    assert m["conversations"] == TWO and m["windows"] == len(wins) == 40
+    assert m["counts"]["observations"] == 353 == m["records"]
+    for name in ("pointer", "fact", "fact_pointer", "fact_lexical", "fact_lexical_pointer"):
+        assert (m[f"{name}_recall"], m[f"{name}_precision"], m[f"{name}_f1"]) == (1.0, 1.0, 1.0), name
+    assert m["ci"]["fact_recall"] == [1.0, 1.0]
+    assert m["schema_valid_rate"] == m["valid_rate"] == m["time_format_rate"] == 1.0
+    assert m["overlap_violation_rate"] == 0.0 and m["rejected_memories"] == 0
+    assert {c: v["fact_recall"] for c, v in m["per_conversation"].items()} == {"conv-26": 1.0, "conv-30": 1.0}
+    rows = [json.loads(line) for line in (tmp_path / "run" / "windows.jsonl").open()]
+    assert sum(r["reference"] for r in rows) == 353 == sum(r["matched"] for r in rows)
+    first = rows[0]
+    assert first["gold"][0]["match"] in {r["id"] for r in first["records"]}
+    assert (tmp_path / "run" / "locomo.png").stat().st_size > 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "conv-26, conv-30" in report and "lower bound" in report
+
+
+def test_wrong_turn_loses_pointer_credit_keeps_content(tmp_path, windows):
+    """One record moved to a turn of its session that is evidence of nothing: its observation keeps its
+    content match and loses its pointer, and so does that evidence turn."""
+    conversations, wins = windows
+    evidence = [t for g in conversation_gold(conversations[0]).observations for t in g.evidence]
+    answers = perfect_observations(conversations, wins)
+    w = wins[0]
+    memory = answers[w.id][0]
+    cited = w.turns[w.local_ids.index(memory["source_turns"][0])]
+    assert evidence.count(cited.id) == 1  # the only observation that turn is evidence of
+    other = next(t for t in w.new if t.id not in evidence and t.session_id == cited.session_id)
+    answers[w.id][0] = record(w, [other.id], memory["content"])
+    m = run(tmp_path, answers)
+    counts = m["counts"]
+    assert counts["pointer_found"] == counts["pointer_gold"] - 1
+    assert m["pointer_recall"] == (counts["pointer_gold"] - 1) / counts["pointer_gold"]
+    assert m["pointer_precision"] == (counts["pointer_cited"] - 1) / counts["pointer_cited"]
+    assert m["fact_pointer_recall"] == m["fact_lexical_pointer_recall"] == 352 / 353
+    assert m["fact_recall"] == m["fact_precision"] == m["fact_lexical_recall"] == 1.0
+
+
+def test_empty_answers_recall_nothing(tmp_path, windows):
+    _, wins = windows
+    m = run(tmp_path, {w.id: [] for w in wins})
+    assert m["records"] == 0 and m["schema_valid_rate"] == 1.0
+    for name in ("pointer", "fact", "fact_pointer", "fact_lexical"):
+        assert m[f"{name}_recall"] == 0.0 and m[f"{name}_precision"] is None and m[f"{name}_f1"] == 0.0
+    assert m["event_recall"] == 0.0 and m["records_per_window"] == 0.0
+
+
+def test_events_need_the_session_date(tmp_path, windows):
+    """Each event as a record in its session's first window: content recall 1; with a time a month
+    before the session, the time-checked recall is 0."""
+    conversations, wins = windows
+
+    def answers(shift_days: int) -> dict[str, list[dict]]:
+        from datetime import date, timedelta
+
+        out = {w.id: [] for w in wins}
+        for conv in conversations:
+            for g in conversation_gold(conv).events:
+                w = next(w for w in of(wins, conv) if any(t.session_id == g.session for t in w.new))
+                turn = next(t for t in w.new if t.session_id == g.session)
+                when = (date.fromisoformat(g.date) - timedelta(days=shift_days)).isoformat()
+                out[w.id].append(record(w, [turn.id], g.content, when))
+        return out
+
+    dated = run(tmp_path, answers(1))
+    assert dated["event_recall"] == 1.0 == dated["event_time_recall"]
+    assert dated["counts"]["events"] == 54
+    early = run(tmp_path, answers(31))
+    assert early["event_recall"] == 1.0 and early["event_time_recall"] == 0.0
+
+
+def test_rule_extractor_and_invalid_memories(tmp_path, windows):
+    """The rule extractor runs without a model; a memory citing overlap context is refused and counted."""
+    conversations, wins = windows
+    out = tmp_path / "rule"
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--extractor", "turns"]
+    assert eval_main([*args, "--out", str(out), *FIXED]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["pointer_recall"] == 1.0 and m["records"] == 419 and m["run"]["source"] == "rule"
+
+    answers = perfect_observations(conversations, wins)
+    second = next(w for w in wins if w.context)
+    answers[second.id].append(record(second, [second.context[0].id], "Context is not new."))
+    m = run(tmp_path, answers)
+    assert m["rejected_memories"] == 1 and m["rule_violation_rate"] == {"source_turns_overlap": 1 / 40}
+    assert m["overlap_violation_rate"] == 1 / 354 and m["fact_precision"] == 1.0
+
+
+def test_best_f1_threshold_and_leave_one_out():
+    scores, labels = np.array([0.9, 0.8, 0.7, 0.4, 0.3]), np.array([1, 1, 0, 1, 0])
+    assert best_f1_threshold(scores, labels) == (0.4, pytest.approx(6 / 7))
+    ties = best_f1_threshold(np.array([0.5, 0.5, 0.2]), np.array([1, 0, 0]))
+    assert ties == (0.5, pytest.approx(2 / 3))  # a cut never splits equal scores
+    pairs = {
+        "a": {m: (np.array([0.9, 0.6, 0.5]), np.array([1, 1, 0])) for m in ("cosine", "token_f1")},
+        "b": {m: (np.array([0.8, 0.7, 0.3]), np.array([1, 0, 0])) for m in ("cosine", "token_f1")},
+    }
+    fitted = fit_thresholds(pairs)["cosine"]
+    assert fitted["held_out"] == {"a": 0.8, "b": 0.6}  # each fitted on the other conversation alone
+    assert fitted["all"] == 0.6
+
+
+def test_calibration_is_fitted_held_out_and_cached(tmp_path, locomo_path):
+    """The fit on real observations and turns (two conversations, the encoder counted), cached by
+    input file: the second call encodes nothing."""
+    data = [s for s in json.loads(locomo_path.read_text()) if s["sample_id"] in TWO]
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(data))
+    from dimmem.runtime.embed import make_embedder
+
+    embedder, calls = make_embedder(), []
+
+    def encode(texts):
+        calls.append(len(texts))
+        return embedder.encode(texts)
+
+    conversations = load_locomo(path)
+    first = calibrate(path, conversations, encode, "minilm", tmp_path / "cache")
+    assert calls and set(first["cosine"]["held_out"]) == set(TWO)
+    assert 0.2 < first["cosine"]["held_out"]["conv-26"] < 0.9 and first["cosine"]["all_f1"] > 0.3
+    calls.clear()
+    assert calibrate(path, conversations, encode, "minilm", tmp_path / "cache") == first and not calls
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--extractor", "turns", "--references", "runs/x"], "runs on LoCoMo windows only"),
+        (["--benchmark", "locomo", "--extractor", "turns", "--references", "runs/x"], "drop references"),
+        (["--benchmark", "locomo", "--extractor", "turns", "--conversations", "conv-99"], "conv-99"),
+        (["--benchmark", "locomo", "--extractor", "turns", "--hf-model", "x"], "exactly one answer source"),
+        (["--benchmark", "locomo", "--extractor", "turns", "--limit", "3"], "locomo.conversations"),
+    ],
+)
+def test_refusals(tmp_path, capsys, flags, message):
+    assert eval_main(["extraction", *flags, "--out", str(tmp_path / "o")]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_labels_windowed_differently_are_refused(tmp_path, capsys, windows):
+    _, wins = windows
+    w = wins[1]
+    row = {
+        "task": "extract",
+        "window_id": w.id,
+        "conversation_id": w.conversation_id,
+        "value": {"memories": []},
+        "memories": [{"source_turns": [w.context[0].id]}],  # a turn outside this window's new part
+    }
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps(row) + "\n")
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--labels", str(labels)]
+    assert eval_main([*args, "--out", str(tmp_path / "o")]) != 0
+    assert "cut differently" in capsys.readouterr().err
