@@ -210,6 +210,19 @@ def _with_ci(metrics: dict, key: str) -> str:
     return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{value:.3f}"
 
 
+def locomo_metric_rows(metrics: dict) -> list[tuple[str, str]]:
+    """(label, value with its 95% interval) per LoCoMo metric, as the inspector lists them."""
+    rows = []
+    for prefix, label in LOCOMO_ROWS:
+        rows += [
+            (f"{label}: {kind}", _with_ci(metrics, f"{prefix}_{kind}")) for kind in ("recall", "precision")
+        ]
+        rows.append((f"{label}: F1", _fmt(metrics.get(f"{prefix}_f1"))))
+    rows += [("events: recall", _with_ci(metrics, "event_recall"))]
+    rows += [("events, time agrees: recall", _with_ci(metrics, "event_time_recall"))]
+    return rows + [(label, _fmt(metrics.get(key))) for key, label in LOCOMO_FORMAT]
+
+
 def locomo_summary(metrics: dict, out: Path) -> str:
     """The one line the command prints."""
     return (

@@ -1,6 +1,8 @@
 """An extraction eval run folder (`dimmem eval extraction --out DIR`) as the inspector reads it: the
 metrics and plots, the per-window scores indexed for sorting and paging, and one window's predicted and
-reference memories aligned by the metric's own code (`eval.metrics.aligned_memories`)."""
+reference memories aligned by the metric's own code (`eval.metrics.aligned_memories`). A LoCoMo benchmark
+run (`--benchmark locomo`) carries each window's turns, gold observations and kept records, with the
+matches the benchmark made, in its windows.jsonl."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from pathlib import Path
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.jsonl_index import Column, JsonlIndex
 from eval.metrics import aligned_memories, pair_scores
-from eval.report import compare_rows, metric_rows
+from eval.report import compare_rows, locomo_metric_rows, metric_rows
 from inspector.problems import Problem, read_json
 
-PLOTS = ("fields.png", "confusion.png")
+PLOTS = ("fields.png", "confusion.png", "locomo.png")
 ORDERS = {"worst": "score, line", "best": "score DESC, line", "file": "line"}
 
 
@@ -55,16 +57,20 @@ class EvalRun:
             folder / "predictions.jsonl", PREDICTION_COLUMNS, "window_id", index_dir
         )
         self.run = self.metrics.get("run", {})
+        self.locomo = self.run.get("benchmark") == "locomo"
         self._references: dict | None = None
         self._lock = threading.Lock()
 
     def summary(self) -> str:
+        if self.locomo:
+            windows, f1 = self.metrics.get("windows", "?"), _number(self.metrics.get("fact_f1"))
+            return f"LoCoMo, {windows} windows, fact F1 {f1}, {self.run.get('model')}"
         headline = self.metrics.get("headline")
         shown = f"{headline:.1f}" if isinstance(headline, (int, float)) else "n/a"
         return f"{self.metrics.get('windows', '?')} windows, headline {shown}, model {self.run.get('model')}"
 
     def metric_rows(self) -> list[tuple[str, str]]:
-        return metric_rows(self.metrics)
+        return locomo_metric_rows(self.metrics) if self.locomo else metric_rows(self.metrics)
 
     def plots(self) -> list[str]:
         return [p for p in PLOTS if (self.folder / p).is_file()]
@@ -104,6 +110,8 @@ class EvalRun:
             raise Problem(404, "No such window", f"{self.name} scored no window {window_id!r}.")
         scores["score"] = window_f1(scores)
         prediction = self.predictions.get(window_id) or {}
+        if self.locomo:  # the window's gold and records are in its row, matched as the benchmark matched them
+            return {"scores": scores, "prediction": prediction, "locomo": True}
         reference = self.references().get(window_id)
         if reference is None:
             raise Problem(
@@ -130,6 +138,10 @@ class EvalRun:
             "missed": [m for j, m in enumerate(expected) if j not in used_r],
             "invented": [m for i, m in enumerate(predicted) if i not in used_p],
         }
+
+
+def _number(value) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
 
 
 def field_diff(predicted: dict, reference: dict) -> list[dict]:

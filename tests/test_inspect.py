@@ -313,3 +313,31 @@ def test_browser_store_search_and_history(browser, site, store):
     assert "changed: content" in history[1].text
     sources = browser.find_elements("css selector", "#turns .turn.source")
     assert {s.get_attribute("data-turn") for s in sources} == set(store["edited"]["source_turns"])
+
+
+@pytest.fixture(scope="module")
+def locomo_run(tmp_path_factory):
+    """A LoCoMo benchmark run of the rule extractor on one conversation."""
+    from eval.cli import main as eval_main
+
+    out = tmp_path_factory.mktemp("locomo") / "locomo-rule"
+    fixed = ["--set", "locomo.thresholds.cosine=0.64", "--set", "locomo.thresholds.token_f1=0.3"]
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--extractor", "turns"]
+    assert eval_main([*args, *fixed, "--out", str(out)]) == 0
+    return out
+
+
+def test_locomo_run_shows_gold_beside_records(locomo_run, config):
+    """The run's metrics with their intervals, and a window with LoCoMo's observations beside the kept
+    records, each match named on both sides, and the window's turns."""
+    (source,) = open_all([str(locomo_run)], config)
+    assert source.kind == "eval" and source.locomo and "fact F1" in source.summary()
+    with served([source], config) as base, httpx2.Client(base_url=base) as client:
+        overview = client.get("/s/0").text
+        assert "facts by content (cosine): recall" in overview and "locomo.png" in overview
+        first = json.loads((locomo_run / "windows.jsonl").read_text().splitlines()[0])
+        page = client.get("/s/0/window", params={"id": first["window_id"]}).text
+        matched = next(g for g in first["gold"] if g["match"])
+        assert matched["content"] in page and f"states {matched['id']}" in page
+        assert 'id="gold"' in page and 'id="predicted"' in page and first["turns"][0]["text"] in page
+        assert client.get("/s/0/window", params={"id": "conv-26/w9999"}).status_code == 404
