@@ -227,3 +227,55 @@ def test_labels_windowed_differently_are_refused(tmp_path, capsys, windows):
     args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--labels", str(labels)]
     assert eval_main([*args, "--out", str(tmp_path / "o")]) != 0
     assert "cut differently" in capsys.readouterr().err
+
+
+def test_labels_are_scored_as_the_runtime_keeps_them(tmp_path, windows):
+    """A labels.jsonl in data_gen's layout (the rule extractor's answers, one window quarantined) scores
+    as the rule extractor does, less that window."""
+    from dimmem.runtime.extractors import TurnExtractor
+
+    _, wins = windows
+    conv = [w for w in wins if w.conversation_id == "conv-26"]
+    answers = TurnExtractor()(conv)
+    rows = [
+        {
+            "task": "extract",
+            "window_id": w.id,
+            "conversation_id": w.conversation_id,
+            "value": answers[w.id],
+            "memories": w.resolve(answers[w.id]["memories"]),
+        }
+        for w in conv[1:]  # the first window was quarantined: no label
+    ]
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "labels"
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--labels", str(labels)]
+    assert eval_main([*args, *FIXED, "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["failed_windows"] == 1 and m["records"] == 419 - len(answers[conv[0].id]["memories"])
+    assert m["run"]["source"] == "labels" and m["parse_rate"] == 20 / 21
+
+
+@pytest.mark.integration
+def test_served_teacher_endpoint_with_failures(tmp_path, windows):
+    """The teacher path over HTTP: the fake teacher answers each window with one memory; one window gets
+    prose, one is cut at max_tokens. Both count as failed windows; a re-run generates nothing."""
+    from datagen_helpers import FakeServer
+
+    _, wins = windows
+    conv = [w for w in wins if w.conversation_id == "conv-26"]
+    marker = lambda w: f"{w.local_ids[len(w.context)]} {w.new[0].speaker}: {w.new[0].text}"  # noqa: E731
+    script = {marker(conv[2]): ["nonjson"], marker(conv[3]): ["truncated"]}
+    out = tmp_path / "served"
+    with FakeServer(tmp_path, script=script) as fake:
+        args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--model", "teacher"]
+        args += ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--out", str(out), *FIXED]
+        assert eval_main(args) == 0
+        first = json.loads((out / "metrics.json").read_text())
+        assert eval_main(args) == 0
+        again = json.loads((out / "metrics.json").read_text())
+    assert first["windows"] == 21 and first["failed_windows"] == 2 and first["records"] == 19
+    assert first["truncation_rate"] == 1 / 21 and first["parse_rate"] == 19 / 21
+    assert first["run"]["source"] == "endpoint" and first["windows_per_s"] > 0
+    assert again["windows_per_s"] is None and again["fact_recall"] == first["fact_recall"]
