@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from dimmem.cache import Completion, ResponseCache, digest
 from dimmem.contract.validate import TurnScope
-from dimmem.llm import ModelClient
+from dimmem.llm import FatalModelError, ModelClient, ModelError
 from dimmem.paths import dataset_folder
 from eval.metrics import aggregate, score_window
 
@@ -94,11 +94,18 @@ def _prediction(window_id: str, completion: Completion) -> Prediction:
 
 def predict_endpoint(refs: list[Reference], client: ModelClient, max_tokens: int) -> dict[str, Prediction]:
     """Answers from an OpenAI-compatible endpoint, one request per window under the window's own schema
-    (no truncation retry: what the model wrote within `max_tokens` is what is scored)."""
+    (no truncation retry: what the model wrote within `max_tokens` is what is scored). A window the
+    endpoint gives no answer for (say, a prompt over its context) is scored as unanswered, with the
+    reason; an endpoint that refuses every request stops the run."""
 
     def one(ref: Reference) -> Prediction:
         body = client.body("extract", ref.messages, max_tokens, ref.scope)
-        return _prediction(ref.window_id, client.send(body, label=ref.window_id))
+        try:
+            return _prediction(ref.window_id, client.send(body, label=ref.window_id))
+        except FatalModelError:
+            raise
+        except ModelError as exc:
+            return Prediction(ref.window_id, "", error=f"{ref.window_id}: {exc}")
 
     with ThreadPoolExecutor(max_workers=client.config.concurrency) as pool:
         results = list(

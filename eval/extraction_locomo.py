@@ -393,6 +393,7 @@ def run_locomo(cfg, out: Path, cache) -> dict:
             "given": bench.thresholds is not None,
         },
         "unknown_evidence": [u for g in golds.values() for u in g.unknown_evidence],
+        "generated_windows": len(fresh),  # asked of the model in this run (not answered from its cache)
         "windows_per_s": len(fresh) / wall if fresh and wall else None,
         "run": {
             "name": out.name,

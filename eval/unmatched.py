@@ -17,7 +17,9 @@ from pathlib import Path
 def unmatched(run: Path, n: int, seed: int) -> list[dict]:
     """`n` kept records (with their window and cited turns) that match no observation, drawn at random."""
     if not (run / "windows.jsonl").is_file():
-        raise FileNotFoundError(f"{run}: no windows.jsonl (dimmem eval extraction --benchmark locomo writes it)")
+        raise FileNotFoundError(
+            f"{run}: no windows.jsonl (dimmem eval extraction --benchmark locomo writes it)"
+        )
     pool = []
     with open(run / "windows.jsonl", encoding="utf-8") as handle:
         for line in handle:

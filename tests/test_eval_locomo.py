@@ -260,13 +260,14 @@ def test_labels_are_scored_as_the_runtime_keeps_them(tmp_path, windows):
 @pytest.mark.integration
 def test_served_teacher_endpoint_with_failures(tmp_path, windows):
     """The teacher path over HTTP: the fake teacher answers each window with one memory; one window gets
-    prose, one is cut at max_tokens. Both count as failed windows; a re-run generates nothing."""
+    prose, one is cut at max_tokens, one only server errors. Each counts as a failed window (the run
+    goes on); a re-run asks again only for the window without an answer."""
     from datagen_helpers import FakeServer
 
     _, wins = windows
     conv = [w for w in wins if w.conversation_id == "conv-26"]
     marker = lambda w: f"{w.local_ids[len(w.context)]} {w.new[0].speaker}: {w.new[0].text}"  # noqa: E731
-    script = {marker(conv[2]): ["nonjson"], marker(conv[3]): ["truncated"]}
+    script = {marker(conv[2]): ["nonjson"], marker(conv[3]): ["truncated"], marker(conv[4]): ["500"] * 9}
     out = tmp_path / "served"
     with FakeServer(tmp_path, script=script) as fake:
         args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--model", "teacher"]
@@ -275,7 +276,10 @@ def test_served_teacher_endpoint_with_failures(tmp_path, windows):
         first = json.loads((out / "metrics.json").read_text())
         assert eval_main(args) == 0
         again = json.loads((out / "metrics.json").read_text())
-    assert first["windows"] == 21 and first["failed_windows"] == 2 and first["records"] == 19
-    assert first["truncation_rate"] == 1 / 21 and first["parse_rate"] == 19 / 21
+    assert first["windows"] == 21 and first["failed_windows"] == 3 and first["records"] == 18
+    assert first["truncation_rate"] == 1 / 21 and first["parse_rate"] == 18 / 21
+    failed = [json.loads(line) for line in (out / "predictions.jsonl").open()]
+    assert "500" in next(p["error"] for p in failed if p["window_id"] == conv[4].id)
     assert first["run"]["source"] == "endpoint" and first["windows_per_s"] > 0
-    assert again["windows_per_s"] is None and again["fact_recall"] == first["fact_recall"]
+    assert first["generated_windows"] == 21 and again["fact_recall"] == first["fact_recall"]
+    assert again["generated_windows"] == 1  # only the window that got no answer is asked again
