@@ -150,8 +150,11 @@ def compare(run_a: str | Path, run_b: str | Path) -> str:
 
 def compare_rows(a: dict, b: dict) -> list[tuple[str, str, str, str]]:
     """(label, A, B, B - A) per headline metric of two runs' metrics.json, formatted as reports show them."""
+    kinds = {m.get("benchmark", "references") for m in (a, b)}
+    if len(kinds) > 1:
+        raise ValueError("one run was scored against LoCoMo's annotations, the other against references")
     rows = []
-    for key, label in HEADLINE_ROWS:
+    for key, label in LOCOMO_KEYS if kinds == {"locomo"} else HEADLINE_ROWS:
         va, vb = a.get(key), b.get(key)
         delta = f"{vb - va:+.3f}" if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else ""
         rows.append((label, _fmt(va), _fmt(vb), delta))
@@ -203,24 +206,26 @@ LOCOMO_FORMAT = (
 )
 
 
+LOCOMO_KEYS = (  # (metrics.json key, label) of every LoCoMo metric, as the inspector and compare list them
+    *(
+        (f"{prefix}_{kind}", f"{label}: {kind if kind != 'f1' else 'F1'}")
+        for prefix, label in LOCOMO_ROWS
+        for kind in ("recall", "precision", "f1")
+    ),
+    ("event_recall", "events: recall"),
+    ("event_time_recall", "events, time agrees: recall"),
+    *LOCOMO_FORMAT,
+)
+
+
 def _with_ci(metrics: dict, key: str) -> str:
     value, ci = metrics.get(key), (metrics.get("ci") or {}).get(key)
-    if value is None:
-        return "n/a"
-    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{value:.3f}"
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and value is not None else _fmt(value)
 
 
 def locomo_metric_rows(metrics: dict) -> list[tuple[str, str]]:
-    """(label, value with its 95% interval) per LoCoMo metric, as the inspector lists them."""
-    rows = []
-    for prefix, label in LOCOMO_ROWS:
-        rows += [
-            (f"{label}: {kind}", _with_ci(metrics, f"{prefix}_{kind}")) for kind in ("recall", "precision")
-        ]
-        rows.append((f"{label}: F1", _fmt(metrics.get(f"{prefix}_f1"))))
-    rows += [("events: recall", _with_ci(metrics, "event_recall"))]
-    rows += [("events, time agrees: recall", _with_ci(metrics, "event_time_recall"))]
-    return rows + [(label, _fmt(metrics.get(key))) for key, label in LOCOMO_FORMAT]
+    """(label, value with its 95% interval where it has one) per LoCoMo metric."""
+    return [(label, _with_ci(metrics, key)) for key, label in LOCOMO_KEYS]
 
 
 def locomo_summary(metrics: dict, out: Path) -> str:

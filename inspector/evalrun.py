@@ -158,4 +158,7 @@ def field_diff(predicted: dict, reference: dict) -> list[dict]:
 
 
 def comparison(a: EvalRun, b: EvalRun) -> list[tuple[str, str, str, str]]:
-    return compare_rows(a.metrics, b.metrics)
+    try:
+        return compare_rows(a.metrics, b.metrics)
+    except ValueError as exc:
+        raise Problem(400, "Runs not comparable", f"{a.name} and {b.name}: {exc}.") from None

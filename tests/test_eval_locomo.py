@@ -111,9 +111,19 @@ def test_wrong_turn_loses_pointer_credit_keeps_content(tmp_path, windows):
     assert m["fact_recall"] == m["fact_precision"] == m["fact_lexical_recall"] == 1.0
 
 
-def test_empty_answers_recall_nothing(tmp_path, windows):
-    _, wins = windows
+def test_empty_answers_recall_nothing_and_compare_side_by_side(tmp_path, windows, capsys):
+    conversations, wins = windows
+    run(tmp_path, perfect_observations(conversations, wins))
+    (tmp_path / "run").rename(tmp_path / "perfect")
     m = run(tmp_path, {w.id: [] for w in wins})
+    assert eval_main(["compare", str(tmp_path / "perfect"), str(tmp_path / "run")]) == 0
+    table = capsys.readouterr().out
+    assert "| facts by content (cosine): recall | 1.000 | 0.000 | -1.000 |" in table
+    assert "| records kept per window | 8.825 | 0.000 | -8.825 |" in table
+    from eval.report import compare_rows
+
+    with pytest.raises(ValueError, match="LoCoMo's annotations, the other against references"):
+        compare_rows(m, {"headline": 50.0})
     assert m["records"] == 0 and m["schema_valid_rate"] == 1.0
     for name in ("pointer", "fact", "fact_pointer", "fact_lexical"):
         assert m[f"{name}_recall"] == 0.0 and m[f"{name}_precision"] is None and m[f"{name}_f1"] == 0.0
