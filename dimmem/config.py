@@ -118,10 +118,35 @@ def apply_overrides(raw: dict, overrides: Mapping[str, Any], source: str) -> dic
     return raw
 
 
+def with_section_defaults(model: type[BaseModel], raw: dict) -> dict:
+    """`raw` with each section it gives in part completed from that field's own default: a section whose
+    default sets keys (a benchmark's `windows: {window: 25, overlap: 5}`) keeps them when the config or
+    `--set` names only another key of it, instead of falling back to the section class's defaults."""
+    out = dict(raw)
+    for name, field in model.model_fields.items():
+        value, default = out.get(name), field.default
+        if isinstance(value, dict) and isinstance(default, BaseModel):
+            out[name] = _merged(
+                default.model_dump(exclude_unset=True), with_section_defaults(type(default), value)
+            )
+    return out
+
+
+def _merged(base: dict, given: dict) -> dict:
+    """`given` over `base`, section by section."""
+    out = dict(base)
+    for key, value in given.items():
+        out[key] = (
+            _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
 def validate_config(model: type[M], raw: dict, source: str) -> M:
-    """`raw` as `model`, or ConfigError with one line per problem, each naming its key."""
+    """`raw` as `model` (sections given in part completed from their defaults), or ConfigError with one
+    line per problem, each naming its key."""
     try:
-        return model.model_validate(raw)
+        return model.model_validate(with_section_defaults(model, raw))
     except ValidationError as exc:
         raise ConfigError(f"{source}: " + "; ".join(_problem(e) for e in exc.errors())) from None
 

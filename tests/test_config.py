@@ -36,6 +36,27 @@ def test_file_then_set_then_flags(config_file):
     assert (cfg.teacher.model, cfg.teacher.rpm, cfg.windows.window) == ("x", None, 8)  # null clears a key
 
 
+class Bench(Section):
+    out: str = "o"
+    windows: WindowConfig = WindowConfig(window=25, overlap=5)
+    nested: Run = Run(out="inner", windows=WindowConfig(window=12, overlap=3))
+
+
+def test_a_section_given_in_part_keeps_its_fields_default(tmp_path):
+    """`--set windows.max_tokens=N` (or a YAML naming one key of a section) keeps the other keys the
+    field's default sets, at any depth, rather than the section class's own defaults."""
+    cfg = load_config(
+        Bench, None, ["windows.max_tokens=900", "windows.tokenizer=t", "nested.windows.overlap=2"]
+    )
+    assert (cfg.windows.window, cfg.windows.overlap, cfg.windows.max_tokens) == (25, 5, 900)
+    assert (cfg.nested.out, cfg.nested.windows.window, cfg.nested.windows.overlap) == ("inner", 12, 2)
+    path = tmp_path / "b.yaml"
+    path.write_text("windows: {overlap: 1}\n")
+    assert (load_config(Bench, path).windows.window, load_config(Bench, path).windows.overlap) == (25, 1)
+    with pytest.raises(ConfigError, match=r"overlap \(5\) must be smaller than window \(4\)"):
+        load_config(Bench, None, ["windows.window=4"])  # the kept default is checked with the new key
+
+
 @pytest.mark.parametrize(
     "text,overrides,message",
     [
