@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -27,6 +28,9 @@ from dimmem.contract.validate import TurnScope
 from dimmem.llm import FatalModelError, ModelClient, ModelError
 from dimmem.paths import dataset_folder
 from eval.metrics import aggregate, score_window
+
+if TYPE_CHECKING:
+    from eval.config import ExtractionRun
 
 
 @dataclass
@@ -180,7 +184,9 @@ def predict_hf(
     return out
 
 
-def predict(cfg, refs: list[Reference], cache: ResponseCache) -> tuple[dict[str, Prediction], str, str]:
+def predict(
+    cfg: ExtractionRun, refs: list[Reference], cache: ResponseCache
+) -> tuple[dict[str, Prediction], str, str]:
     """(predictions, source, model) from the run's one model answer source (`ExtractionRun`): stored
     answers, a local model or an endpoint."""
     if cfg.predictions:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -40,9 +41,13 @@ from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.validate import parse_json
 from dimmem.contract.windows import Window
 from dimmem.runtime.extractors import WindowRecords, keep_valid
-from eval.extraction import Prediction
+from eval.extraction import Prediction, Reference, predict
 from eval.locomo_gold import MEASURES, ConversationGold, conversation_gold
 from eval.metrics import token_f1
+
+if TYPE_CHECKING:
+    from dimmem.cache import ResponseCache
+    from eval.config import ExtractionRun
 
 # the fact alignments: (name, measure, pointer must agree)
 FACT_VARIANTS = (
@@ -281,7 +286,7 @@ def check_labels(path: str | Path, windows: list[Window]) -> None:
         raise ValueError(f"{path}: no extract label for any window of {sorted(conversations)}")
 
 
-def _answers(cfg, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
+def _answers(cfg: ExtractionRun, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
     """The rule extractor's or a labels file's answers, as predictions (the runtime's extractors)."""
     from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor
 
@@ -310,7 +315,7 @@ class _Vectors:
         return np.array([self.known[t] for t in texts], dtype=np.float32).reshape(len(texts), -1)
 
 
-def run_locomo(cfg, out: Path, cache) -> dict:
+def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
     """Window, extract, score and write the run folder; returns metrics.json's content."""
     from dimmem.contract.loaders.locomo import load_locomo
     from dimmem.contract.prompts import extract_messages, extract_prompt_counter
@@ -318,12 +323,16 @@ def run_locomo(cfg, out: Path, cache) -> dict:
     from dimmem.contract.windows import window_conversations
     from dimmem.paths import shared_data
     from dimmem.runtime.embed import cache_dir, default_model_path, make_embedder
-    from eval.extraction import Reference, predict
 
     bench = cfg.locomo
     input_path = Path(bench.input) if bench.input else shared_data("locomo/locomo10.json")
     everything = load_locomo(input_path)
     conversations = select(everything, bench.conversations)
+    unannotated = [c.id for c in conversations if not c.metadata.get("observation")]
+    if unannotated:
+        raise ValueError(
+            f"{input_path}: {', '.join(unannotated)} carry no `observation` annotations, the benchmark's gold"
+        )
     w = bench.windows
     counter = extract_prompt_counter(w.tokenizer) if w.max_tokens else None
     windows = window_conversations(conversations, w.window, w.overlap, w.max_tokens, counter)

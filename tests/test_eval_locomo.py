@@ -109,6 +109,11 @@ def test_wrong_turn_loses_pointer_credit_keeps_content(tmp_path, windows):
     assert m["pointer_precision"] == (counts["pointer_cited"] - 1) / counts["pointer_cited"]
     assert m["fact_pointer_recall"] == m["fact_lexical_pointer_recall"] == 352 / 353
     assert m["fact_recall"] == m["fact_precision"] == m["fact_lexical_recall"] == 1.0
+    from eval.unmatched import main as unmatched_main
+    from eval.unmatched import unmatched
+
+    assert unmatched(tmp_path / "run", 30, 0) == []  # content matched: the moved record still states it
+    assert unmatched_main([str(tmp_path / "answers.jsonl")]) == 2  # not a run folder: one line, exit 2
 
 
 def test_empty_answers_recall_nothing_and_compare_side_by_side(tmp_path, windows, capsys):
@@ -162,6 +167,12 @@ def test_rule_extractor_and_invalid_memories(tmp_path, windows):
     assert eval_main([*args, "--out", str(out), *FIXED]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["pointer_recall"] == 1.0 and m["records"] == 419 and m["run"]["source"] == "rule"
+    from eval.unmatched import table, unmatched
+
+    sample = unmatched(out, 5, seed=0)  # the hand-check sample: seeded, unmatched records with their turns
+    assert len(sample) == 5 and sample == unmatched(out, 5, seed=0) != unmatched(out, 5, seed=1)
+    assert all(r["match"] is None and r["cited"][0]["id"] == r["source_turns"][0] for r in sample)
+    assert table(sample).count("\n") == 7
 
     answers = perfect_observations(conversations, wins)
     second = next(w for w in wins if w.context)
@@ -220,6 +231,16 @@ def test_calibration_is_fitted_held_out_and_cached(tmp_path, locomo_path):
 def test_refusals(tmp_path, capsys, flags, message):
     assert eval_main(["extraction", *flags, "--out", str(tmp_path / "o")]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_input_without_annotations_is_refused(tmp_path, capsys, locomo_path):
+    data = [s for s in json.loads(locomo_path.read_text()) if s["sample_id"] == "conv-26"]
+    del data[0]["observation"]
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(data))
+    args = ["extraction", "--benchmark", "locomo", "--input", str(path), "--extractor", "turns"]
+    assert eval_main([*args, "--out", str(tmp_path / "o"), *FIXED]) != 0
+    assert "conv-26 carry no `observation` annotations" in capsys.readouterr().err
 
 
 def test_labels_windowed_differently_are_refused(tmp_path, capsys, windows):
