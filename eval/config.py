@@ -23,13 +23,11 @@ class LocomoExtraction(Section):
 
     input: str | None = None  # locomo10.json; null: the shared data's
     conversations: list[str] | None = None  # score only these (held out from training); null: all
-    windows: WindowConfig = WindowConfig(
-        window=25, overlap=5
-    )  # the paper's; no LoCoMo window nears 4096 tokens
+    # the paper's 25/5; no LoCoMo window nears datagen's 4,096-token budget, so both cut the same windows
+    windows: WindowConfig = WindowConfig(window=25, overlap=5)
     thresholds: Thresholds | None = None  # null: fitted on the other conversations of the input
-    event_days: int = Field(
-        7, ge=0
-    )  # an event's record time must fall within this many days before its session
+    # a record dates an event when its time falls within this many days before the event's session
+    event_days: int = Field(7, ge=0)
     bootstrap: int = Field(1000, ge=0)  # resamples of the sessions for the 95% intervals (0: none)
     tokenizer: str | None = None  # counts tokens per record; null: the Qwen3 tokenizer in the shared data
 
