@@ -270,7 +270,12 @@ def check_labels(path: str | Path, windows: list[Window]) -> None:
     found = 0
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {number}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or "window_id" not in row:
+                raise ValueError(f"{path}: line {number}: not a data_gen label row (no window_id)")
             if row.get("task") != "extract" or row.get("conversation_id") not in conversations:
                 continue
             turns = {t for m in row.get("memories") or [] for t in m.get("source_turns") or []}

@@ -314,3 +314,15 @@ def test_served_teacher_endpoint_with_failures(tmp_path, windows):
     assert first["run"]["source"] == "endpoint" and first["windows_per_s"] > 0
     assert first["generated_windows"] == 21 and again["fact_recall"] == first["fact_recall"]
     assert again["generated_windows"] == 1  # only the window that got no answer is asked again
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [("not json", "line 1: invalid JSON"), ("[1]", "line 1: not a data_gen label row")],
+)
+def test_malformed_labels_name_the_line(tmp_path, capsys, line, message):
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(line + "\n")
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--labels", str(labels)]
+    assert eval_main([*args, "--out", str(tmp_path / "o")]) != 0
+    assert message in capsys.readouterr().err
