@@ -49,6 +49,10 @@ class FatalModelError(ModelError):
     """The endpoint refuses every request (bad key, unknown model, wrong URL): stop, do not go on."""
 
 
+class UnreachableError(ModelError):
+    """No connection to the endpoint, after every retry: nothing answers at that address (yet)."""
+
+
 class ContextLimitError(ModelError):
     """The endpoint refused a budget larger than its context; `context` and `prompt` tokens when it said."""
 
@@ -389,7 +393,8 @@ class ModelClient:
         else:
             raise ModelError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         if attempt >= self.config.max_retries:
-            raise ModelError(f"{self.where}: gave up after {attempt + 1} attempts: {problem}") from None
+            error = UnreachableError if isinstance(exc, openai.APIConnectionError) else ModelError
+            raise error(f"{self.where}: gave up after {attempt + 1} attempts: {problem}") from None
         self.usage.add(retries=1)
         delay = random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2**attempt))
         if isinstance(exc, openai.RateLimitError):

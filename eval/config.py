@@ -51,6 +51,15 @@ class ExtractionRun(Section):
     batch_size: int = Field(8, ge=1)  # hf_model generation batch
     limit: int | None = Field(None, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _references_given(cls, data):
+        """Name what a references run lacks before anything else (an empty config asks for it first)."""
+        references_run = isinstance(data, dict) and data.get("benchmark", "references") == "references"
+        if references_run and not data.get("references"):
+            raise ValueError("missing key 'references' (a datagen output, DIR[:split]; or benchmark: locomo)")
+        return data
+
     @model_validator(mode="after")
     def _one_source(self) -> ExtractionRun:
         sources = ("model", "hf_model", "predictions", "extractor", "labels")
@@ -60,8 +69,6 @@ class ExtractionRun(Section):
                 f"give exactly one answer source of {', '.join(sources)} (got {given or 'none'})"
             )
         if self.benchmark == "references":
-            if not self.references:
-                raise ValueError("benchmark references needs references (a datagen output, DIR[:split])")
             if given[0] in ("extractor", "labels"):
                 raise ValueError(f"{given[0]} runs on LoCoMo windows only: set benchmark: locomo")
         elif self.references:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from dimmem.cache import Completion, ResponseCache, digest
 from dimmem.contract.validate import TurnScope
-from dimmem.llm import FatalModelError, ModelClient, ModelError
+from dimmem.llm import FatalModelError, ModelClient, ModelError, UnreachableError
 from dimmem.paths import dataset_folder
 from eval.metrics import aggregate, score_window
 
@@ -100,13 +100,13 @@ def predict_endpoint(refs: list[Reference], client: ModelClient, max_tokens: int
     """Answers from an OpenAI-compatible endpoint, one request per window under the window's own schema
     (no truncation retry: what the model wrote within `max_tokens` is what is scored). A window the
     endpoint gives no answer for (say, a prompt over its context) is scored as unanswered, with the
-    reason; an endpoint that refuses every request stops the run."""
+    reason; an endpoint that refuses every request, or that no connection reaches, stops the run."""
 
     def one(ref: Reference) -> Prediction:
         body = client.body("extract", ref.messages, max_tokens, ref.scope)
         try:
             return _prediction(ref.window_id, client.send(body, label=ref.window_id))
-        except FatalModelError:
+        except (FatalModelError, UnreachableError):
             raise
         except ModelError as exc:
             return Prediction(ref.window_id, "", error=f"{ref.window_id}: {exc}")

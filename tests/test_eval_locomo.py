@@ -326,3 +326,14 @@ def test_malformed_labels_name_the_line(tmp_path, capsys, line, message):
     args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--labels", str(labels)]
     assert eval_main([*args, "--out", str(tmp_path / "o")]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_an_unreachable_endpoint_stops_the_run(tmp_path, capsys):
+    """No server at the address: one line and a non-zero exit, not 21 failed windows."""
+    from dimmem.launch import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}/v1"
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--base-url", endpoint]
+    args += ["--model", "m", "--set", "model.max_retries=0", "--out", str(tmp_path / "o")]
+    assert eval_main(args) != 0
+    assert "connection error" in capsys.readouterr().err
