@@ -127,6 +127,9 @@ def predict_hf(
 
     from dimmem.contract.tokens import render_prompt
 
+    looks_like_a_path = model_path.startswith(("/", ".", "~")) or model_path.count("/") > 1
+    if looks_like_a_path and not Path(model_path).is_dir():  # a Hub id is `name` or `owner/name`
+        raise ValueError(f"hf_model {model_path}: no such model folder")
     weights = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
     model_id = f"hf:{Path(model_path).resolve()}:" + ",".join(
         f"{w.name}@{w.stat().st_mtime_ns}" for w in weights

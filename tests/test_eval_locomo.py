@@ -226,6 +226,7 @@ def test_calibration_is_fitted_held_out_and_cached(tmp_path, locomo_path):
         (["--benchmark", "locomo", "--extractor", "turns", "--conversations", "conv-99"], "conv-99"),
         (["--benchmark", "locomo", "--extractor", "turns", "--hf-model", "x"], "exactly one answer source"),
         (["--benchmark", "locomo", "--extractor", "turns", "--limit", "3"], "locomo.conversations"),
+        (["--benchmark", "locomo", "--hf-model", "runs/nowhere/export"], "no such model folder"),
     ],
 )
 def test_refusals(tmp_path, capsys, flags, message):
