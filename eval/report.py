@@ -228,6 +228,14 @@ def locomo_metric_rows(metrics: dict) -> list[tuple[str, str]]:
     return [(label, _with_ci(metrics, key)) for key, label in LOCOMO_KEYS]
 
 
+def _windowing(windows: dict) -> str:
+    """`25/5`, or `25/5, prompts within 1280 tokens of TOKENIZER` when a budget cut them."""
+    shape = f"{windows['window']}/{windows['overlap']}"
+    if windows.get("max_tokens"):
+        return f"{shape}, prompts within {windows['max_tokens']} tokens of `{windows['tokenizer']}`"
+    return shape
+
+
 def locomo_summary(metrics: dict, out: Path) -> str:
     """The one line the command prints."""
     return (
@@ -255,7 +263,7 @@ def write_locomo_report(metrics: dict, out: Path) -> Path:
         f"# LoCoMo extraction benchmark: {run['name']}",
         "",
         f"Answers from {run['source']} `{run['model']}` on {metrics['windows']} windows "
-        f"({run['windows']['window']}/{run['windows']['overlap']}) of `{run['input']}`; "
+        f"({_windowing(run['windows'])}) of `{run['input']}`; "
         f"scored conversations: {', '.join(metrics['conversations'])} ({metrics['sessions']} sessions). "
         f"{counts.get('observations', 0)} observations, {counts.get('events', 0)} events, "
         f"{metrics['records']} records kept.",
