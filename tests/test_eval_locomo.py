@@ -218,6 +218,26 @@ def test_calibration_is_fitted_held_out_and_cached(tmp_path, locomo_path):
     assert calibrate(path, conversations, encode, "minilm", tmp_path / "cache") == first and not calls
 
 
+@pytest.mark.slow
+def test_unset_thresholds_are_fitted_on_the_other_conversations(tmp_path, locomo_path):
+    """Without locomo.thresholds, each conversation is scored with the threshold fitted on the others of
+    the input, and the report says so."""
+    data = [s for s in json.loads(locomo_path.read_text()) if s["sample_id"] in TWO]
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "fitted"
+    args = ["extraction", "--benchmark", "locomo", "--input", str(path), "--extractor", "turns"]
+    assert eval_main([*args, "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    fitted = m["thresholds"]["fitted"]
+    assert m["thresholds"]["given"] is False and set(fitted["cosine"]["held_out"]) == set(TWO)
+    for conv in TWO:  # conv-26 is scored with conv-30's threshold and the other way round
+        assert m["per_conversation"][conv]["thresholds"] == {
+            measure: fitted[measure]["held_out"][conv] for measure in ("cosine", "token_f1")
+        }
+    assert "leave one conversation out" in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
