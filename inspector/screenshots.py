@@ -1,5 +1,5 @@
 """The inspector's main pages as small PNGs for the docs, taken by the headless Chromium the browser tests
-use, over the sample run (`inspector.sample`) built in a temporary folder.
+use, over the sample run (`inspector.sample`) and a LoCoMo benchmark run built in a temporary folder.
 
     python -m inspector.screenshots --out docs/img      (`make inspect-screenshots`)
 """
@@ -49,6 +49,20 @@ def take(base: str, driver, out: Path, user: str, record_id: str) -> None:
     shot("compare", "/compare?a=1&b=2")
     shot("store-search", f"/s/3/search?u=toy-0000&q={quote('Where does Jonas live now')}")
     shot("store-record", f"/s/3/record?u={quote(user)}&id={quote(record_id)}")
+    shot("locomo-window", "/s/4/window?id=" + quote("conv-26/w0001"))
+
+
+def locomo_run(root: Path) -> str:
+    """The rule extractor scored against LoCoMo's annotations of one conversation (the thresholds the
+    benchmark fits on locomo10.json, given, so no fit runs here)."""
+    from eval.cli import main as eval_main
+
+    out = root / "locomo-rule"
+    args = ["extraction", "--benchmark", "locomo", "--conversations", "conv-26", "--extractor", "turns"]
+    args += ["--set", "locomo.thresholds={cosine: 0.64, token_f1: 0.3}", "--out", str(out)]
+    if eval_main(args) != 0:
+        raise SystemExit("the LoCoMo benchmark run failed (see above)")
+    return str(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as root:
         paths, store = build(Path(root))
         config = InspectConfig(index_dir=str(Path(root) / "index"), page_size=15)
+        paths.append(locomo_run(Path(root)))  # source 4
         driver = chromium(1200, 760)
         try:
             with served(open_all(paths, config), config) as base:
