@@ -56,7 +56,7 @@ def perfect_observations(conversations, windows) -> dict[str, list[dict]]:
     return answers
 
 
-def run(tmp_path, answers: dict[str, list[dict]], *flags) -> dict:
+def run(tmp_path, answers: dict[str, list[dict]]) -> dict:
     path = tmp_path / "answers.jsonl"
     path.write_text(
         "".join(
@@ -66,7 +66,7 @@ def run(tmp_path, answers: dict[str, list[dict]], *flags) -> dict:
     )
     out = tmp_path / "run"
     args = ["extraction", "--benchmark", "locomo", "--conversations", ",".join(TWO)]
-    assert eval_main([*args, "--predictions", str(path), "--out", str(out), *FIXED, *flags]) == 0
+    assert eval_main([*args, "--predictions", str(path), "--out", str(out), *FIXED]) == 0
     return json.loads((out / "metrics.json").read_text())
 
 
