@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dimmem.contract.conversation import Conversation, Turn
+from dimmem.runtime.extractors import turn_memory
 from eval.metrics import token_f1
 
 MEASURES = ("cosine", "token_f1")  # embedding cosine (all-MiniLM-L6-v2), and the lexical one beside it
@@ -60,8 +61,8 @@ class ConversationGold:
 
 
 def turn_text(turn: Turn) -> str:
-    """A turn as the rule extractor states it (dimmem.runtime.extractors.turn_memory)."""
-    return f"{turn.speaker}: {turn.text}"
+    """A turn as the rule extractor states it."""
+    return turn_memory(turn, turn.id)["content"]
 
 
 def conversation_gold(conv: Conversation) -> ConversationGold:
@@ -150,15 +151,15 @@ def calibration_pairs(
         by_session: dict[str, list[Turn]] = {}
         for turn in conv.turns:
             by_session.setdefault(turn.session_id, []).append(turn)
-        texts = [turn_text(t) for t in conv.turns]
-        turn_vectors = dict(zip((t.id for t in conv.turns), encode(texts)))
+        texts = {t.id: turn_text(t) for t in conv.turns}
+        turn_vectors = dict(zip(texts, encode(list(texts.values()))))
         obs_vectors = encode([g.content for g in gold])
         scores: dict[str, list[float]] = {m: [] for m in MEASURES}
         labels: list[bool] = []
         for g, vector in zip(gold, obs_vectors):
             for turn in by_session[g.session]:
                 scores["cosine"].append(float(vector @ turn_vectors[turn.id]))
-                scores["token_f1"].append(token_f1(g.content, turn_text(turn)))
+                scores["token_f1"].append(token_f1(g.content, texts[turn.id]))
                 labels.append(turn.id in g.evidence)
         out[conv.id] = {m: (np.array(scores[m]), np.array(labels)) for m in MEASURES}
     return out
