@@ -224,6 +224,15 @@ def read_predictions(path: str | Path) -> dict[str, Prediction]:
     return out
 
 
+def require_predictions(window_ids: list[str], predictions: dict[str, Prediction]) -> None:
+    """Refuse to score a run with windows no answer source answered (stored answers for other windows)."""
+    missing = [w for w in window_ids if w not in predictions]
+    if missing:
+        raise ValueError(
+            f"no prediction for {len(missing)} of {len(window_ids)} windows (first: {missing[:3]})"
+        )
+
+
 def evaluate(
     refs: list[Reference],
     predictions: dict[str, Prediction],
@@ -232,9 +241,7 @@ def evaluate(
     wall_seconds: float | None,
 ) -> dict:
     """Score every window and write the run folder; returns metrics.json's content."""
-    missing = [r.window_id for r in refs if r.window_id not in predictions]
-    if missing:
-        raise ValueError(f"no prediction for {len(missing)} of {len(refs)} windows (first: {missing[:3]})")
+    require_predictions([r.window_id for r in refs], predictions)
     out.mkdir(parents=True, exist_ok=True)
     windows = []
     with (

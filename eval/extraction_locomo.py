@@ -40,8 +40,8 @@ from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.validate import parse_json
 from dimmem.contract.windows import Window
-from dimmem.runtime.extractors import WindowRecords, keep_valid
-from eval.extraction import Prediction, Reference, predict
+from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor, WindowRecords, keep_valid
+from eval.extraction import Prediction, Reference, predict, require_predictions
 from eval.locomo_gold import MEASURES, ConversationGold, conversation_gold
 from eval.metrics import token_f1
 
@@ -293,8 +293,6 @@ def check_labels(path: str | Path, windows: list[Window]) -> None:
 
 def _answers(cfg: ExtractionRun, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
     """The rule extractor's or a labels file's answers, as predictions (the runtime's extractors)."""
-    from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor
-
     if cfg.extractor == "turns":
         answers, source, model = TurnExtractor()(windows), "rule", "turns"
     else:
@@ -350,9 +348,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         refs = [Reference(win.id, extract_messages(win), "", win.scope) for win in windows]
         predictions, source, model = predict(cfg, refs, cache)
     wall = time.perf_counter() - start
-    missing = [win.id for win in windows if win.id not in predictions]
-    if missing:
-        raise ValueError(f"no prediction for {len(missing)} of {len(windows)} windows (first: {missing[:3]})")
+    require_predictions([win.id for win in windows], predictions)
 
     scored = score_windows(windows, predictions)
     vectors = _Vectors(make_embedder())
