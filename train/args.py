@@ -42,6 +42,15 @@ class DimmemArguments:
             )
         },
     )
+    gguf_base: dict | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "write a pretrained base shipped as a GGUF file in an installed package to "
+                "model_name_or_path when missing: train.gguf_base.build_gguf_base kwargs"
+            )
+        },
+    )
     resume: str | None = field(
         default=None, metadata={"help": "'latest' or a checkpoint folder to resume from"}
     )
@@ -164,6 +173,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[DimmemArguments, SFTConfi
         what := gpu_only({**vars(model_args), "use_liger_kernel": sft_args.use_liger_kernel})
     ):
         raise gpu_needed(parser.config_path, what)
+    if dimmem_args.gguf_base is not None:
+        check_gguf_base(parser.config_path or "dimmem train", dimmem_args)
     if model_args.use_peft and not model_args.lora_target_modules:
         model_args.lora_target_modules = list(QWEN3_LINEAR)
     return dimmem_args, sft_args, model_args
+
+
+def check_gguf_base(where: str, dimmem_args: DimmemArguments) -> None:
+    """`gguf_base` names the keys `build_gguf_base` takes, and is not asked for beside a tiny random base."""
+    import inspect
+
+    from train.gguf_base import build_gguf_base
+
+    if dimmem_args.tiny_base is not None:
+        raise ConfigError(f"{where}: tiny_base and gguf_base both build the base model; keep one")
+    params = inspect.signature(build_gguf_base).parameters
+    required = {name for name, p in params.items() if p.default is inspect.Parameter.empty} - {"out"}
+    given = set(dimmem_args.gguf_base)
+    if unknown := sorted(given - set(params) - {"out"}):
+        takes = ", ".join(sorted(set(params) - {"out"}))
+        raise ConfigError(f"{where}: gguf_base: unknown key(s) {', '.join(unknown)} (it takes {takes})")
+    if missing := sorted(required - given):
+        raise ConfigError(f"{where}: gguf_base: missing {', '.join(missing)}")

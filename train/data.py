@@ -8,7 +8,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, concatenate_datasets, load_from_disk
 
-from dimmem.contract.tokens import render_prompt
+from dimmem.contract.tokens import end_of_turn, render_prompt
 from dimmem.paths import dataset_folder
 
 REQUIRED_ROLES = ["system", "user", "assistant"]
@@ -52,7 +52,7 @@ def mix_tasks(split: Dataset, weights: dict[str, float], seed: int) -> Dataset:
 def tokenize_row(messages: list[dict], tokenizer) -> dict:
     """input_ids and labels: the prompt exactly as served (thinking off), then the answer and its end token.
 
-    Only the answer and `<|im_end|>` carry loss (labels != -100)."""
+    Only the answer and the token that closes it (`<|im_end|>` in ChatML) carry loss (labels != -100)."""
     roles = [m.get("role") for m in messages]
     if roles != REQUIRED_ROLES:
         raise DatasetFormatError(f"expected messages with roles {REQUIRED_ROLES}, got {roles}")
@@ -61,7 +61,7 @@ def tokenize_row(messages: list[dict], tokenizer) -> dict:
         raise DatasetFormatError("a row has an empty assistant answer: nothing to learn from")
     prompt_ids = tokenizer(render_prompt(tokenizer, messages[:-1]), add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [
-        tokenizer.convert_tokens_to_ids("<|im_end|>")
+        tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
     ]
     return {"input_ids": prompt_ids + answer_ids, "labels": [-100] * len(prompt_ids) + answer_ids}
 

@@ -19,8 +19,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS
+from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
 from dimmem.paths import EXPORT_CONFIG
+from train.gguf_base import provenance as gguf_provenance
 
 RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
 
@@ -81,7 +82,7 @@ def export(
         for name in ADAPTER_FILES:
             shutil.copy2(source / name, out / name)
     tokenizer.save_pretrained(out)
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    eos = tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
     # Greedy decoding, as the extractor is served and evaluated; thinking is off through the chat template
     # arguments recorded in dimmem_export.json (a generation config cannot carry them).
     GenerationConfig(
@@ -96,6 +97,8 @@ def export(
         "chat_template_kwargs": CHAT_TEMPLATE_KWARGS,
         "run": str(run.resolve()),
     }
+    if base := gguf_provenance(run_config["base_model"]):
+        export_config["base_provenance"] = base
     (out / EXPORT_CONFIG).write_text(json.dumps(export_config, indent=2) + "\n")
     (out / "README.md").write_text(model_card(run_config, export_config, run))
     return out
@@ -103,7 +106,8 @@ def export(
 
 def model_card(run_config: dict, export_config: dict, run: Path) -> str:
     base = run_config["base_model"]
-    base_id = base if not Path(base).exists() else Path(base).name
+    origin = export_config.get("base_provenance")
+    base_id = origin["model_id"] if origin else base if not Path(base).exists() else Path(base).name
     merged = export_config["merged"]
     metrics_path = next(
         (p for p in (run / "eval" / "metrics.json", run / "metrics.json") if p.exists()), None
@@ -114,7 +118,7 @@ def model_card(run_config: dict, export_config: dict, run: Path) -> str:
         "---",
         f"base_model: {base_id}",
         f"library_name: {'transformers' if merged else 'peft'}",
-        "license: apache-2.0",
+        f"license: {origin['license'] if origin else 'apache-2.0'}",
         "pipeline_tag: text-generation",
         "tags: [dimmem, memory-extraction, lora, sft, trl]",
     ]
@@ -153,7 +157,7 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
   --default-chat-template-kwargs '{json.dumps(CHAT_TEMPLATE_KWARGS)}'
 ```
 
-## Training
+{base_section(origin)}## Training
 | setting | value |
 |---|---|
 {table}
@@ -164,6 +168,18 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
 {evaluation}
 """
     )
+
+
+def base_section(origin: dict | None) -> str:
+    """Where a base built from a packaged GGUF file came from, and under which license."""
+    if not origin:
+        return ""
+    return f"""## Base model
+`{origin["model_id"]}` ({origin["license"]}), read from `{origin["file"]}`
+(sha256 `{origin["sha256"]}`) in the PyPI package `{origin["distribution"]}` {origin["version"]} and
+dequantized to {origin["dtype"]} by transformers: {origin["note"]}.
+
+"""
 
 
 def push(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None) -> str:

@@ -100,6 +100,13 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
                     seed=sft_args.seed,
                     **dimmem_args.tiny_base,
                 )
+    if dimmem_args.gguf_base is not None:
+        with state.main_process_first():
+            from train.gguf_base import build_gguf_base, is_built
+
+            if not is_built(model_path, **dimmem_args.gguf_base):
+                print(f"writing the pretrained base {model_path} from its GGUF file (once)")
+                build_gguf_base(model_path, **dimmem_args.gguf_base)
     missing = sorted(set(QWEN3_LINEAR) - set(model_args.lora_target_modules or []))
     if model_args.use_peft and missing and model_args.lora_target_modules != "all-linear":
         print(f"note: LoRA leaves {missing} frozen; the DimMem recipe adapts all seven projections")

@@ -34,5 +34,23 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> s
     )
 
 
+def end_of_turn(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The special token that closes an assistant turn in the tokenizer's chat template (`<|im_end|>` in
+    Qwen3's and SmolLM2's ChatML): the answer's last training token, and where generation stops."""
+    sentinel = "DIMMEM_ANSWER_SENTINEL"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}],
+        tokenize=False,
+        **CHAT_TEMPLATE_KWARGS,
+    )
+    after = text[text.rindex(sentinel) + len(sentinel) :]
+    special = sorted((after.find(token), token) for token in tokenizer.get_added_vocab() if token in after)
+    if not special:
+        raise ValueError(
+            f"{tokenizer.name_or_path}: its chat template closes an answer with no special token"
+        )
+    return special[0][1]  # the first one after the answer
+
+
 def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> int:
     return len(tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"])

