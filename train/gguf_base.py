@@ -84,6 +84,11 @@ def build_gguf_base(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    out = Path(out)
+    if out.is_dir() and any(out.iterdir()) and not (out / SPEC_FILE).exists():
+        raise BaseModelError(
+            f"{out} holds files this did not write: point model_name_or_path at a new folder for the base"
+        )
     path = gguf_path(package, file, distribution)
     architecture = check_gguf(path, distribution)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -99,7 +104,6 @@ def build_gguf_base(
         )
     # every weight is a dense float tensor now; what remains of the GGUF loader only blocks save_pretrained
     model.hf_quantizer.remove_quantization_config(model)
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -113,7 +117,6 @@ def build_gguf_base(
         "version": importlib.metadata.version(distribution),
         "architecture": architecture,
         "sha256": sha256(path),
-        "note": "GGUF weights dequantized to float by transformers: some quality of the original is lost",
     }
     (out / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
     return out
