@@ -15,6 +15,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from train.base_folder import matches, write_base
+
 SPEC_FILE = "dimmem_base.json"
 
 
@@ -104,9 +106,6 @@ def build_gguf_base(
         )
     # every weight is a dense float tensor now; what remains of the GGUF loader only blocks save_pretrained
     model.hf_quantizer.remove_quantization_config(model)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     spec = {
         "package": package,
         "file": file,
@@ -118,17 +117,12 @@ def build_gguf_base(
         "architecture": architecture,
         "sha256": sha256(path),
     }
-    (out / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
-    return out
+    return write_base(out, model, tokenizer, SPEC_FILE, spec)
 
 
 def is_built(out: str | Path, **spec) -> bool:
     """Whether `out` holds the base built from this very spec (another package, file or dtype rebuilds it)."""
-    path = Path(out) / SPEC_FILE
-    if not path.exists():
-        return False
-    saved = json.loads(path.read_text())
-    return all(saved.get(k) == v for k, v in spec.items())
+    return matches(out, SPEC_FILE, spec)
 
 
 def provenance(model_path: str | Path) -> dict | None:

@@ -7,7 +7,6 @@ tokens instead of 151k and the output layer stops dominating CPU training.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ from datasets import load_from_disk
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dimmem.contract.tokens import load_tokenizer
+from train.base_folder import matches, write_base
 
 SPEC_FILE = "dimmem_tiny_base.json"
 
@@ -60,9 +60,6 @@ def build_tiny_base(
     model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
     spec = {
         "tokenizer": tokenizer,
         "seed": seed,
@@ -76,14 +73,9 @@ def build_tiny_base(
         "max_position_embeddings": max_position_embeddings,
         "tie_word_embeddings": tie_word_embeddings,
     }
-    (out / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
-    return out
+    return write_base(out, model, tok, SPEC_FILE, spec)
 
 
 def is_built(out: str | Path, seed: int, **spec) -> bool:
     """Whether `out` holds a tiny base built from this very spec (a changed config rebuilds it)."""
-    path = Path(out) / SPEC_FILE
-    if not path.exists():
-        return False
-    saved = json.loads(path.read_text())
-    return all(saved.get(k) == v for k, v in {"seed": seed, **spec}.items())
+    return matches(out, SPEC_FILE, {"seed": seed, **spec})
