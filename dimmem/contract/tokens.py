@@ -34,6 +34,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> s
     )
 
 
+@cache  # once per tokenizer object, not once per training row
 def end_of_turn(tokenizer: PreTrainedTokenizerBase) -> str:
     """The special token that closes an assistant turn in the tokenizer's chat template (`<|im_end|>` in
     Qwen3's and SmolLM2's ChatML): the answer's last training token, and where generation stops."""
