@@ -64,14 +64,6 @@ def check_gguf(path: Path, distribution: str) -> str:
     return architecture
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def build_gguf_base(
     out: str | Path,
     package: str,
@@ -115,9 +107,14 @@ def build_gguf_base(
         "dtype": dtype,
         "version": importlib.metadata.version(distribution),
         "architecture": architecture,
-        "sha256": sha256(path),
+        "sha256": file_sha256(path),
     }
     return write_base(out, model, tokenizer, SPEC_FILE, spec)
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def is_built(out: str | Path, **spec) -> bool:
