@@ -1,4 +1,5 @@
-"""`dimmem datagen` / `python -m data_gen`: label windows with a teacher and build the SFT dataset."""
+"""`dimmem datagen` / `python -m data_gen`: label windows with a teacher and build the SFT dataset;
+`import` / `export` the DimMem authors' SFT rows; `check-overlap` a training set against a benchmark."""
 
 from __future__ import annotations
 
@@ -44,6 +45,83 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _paper_commands(p)
+
+
+PAPER_FORMATS = ("dimmem-paper", "dimmem-paper-longmemeval")
+
+
+def _paper_commands(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="datagen_command", metavar="{import,export,check-overlap}")
+    i = sub.add_parser(
+        "import",
+        help="the DimMem authors' SFT rows -> a dataset folder (labels validated, split by template)",
+    )
+    i.add_argument(
+        "source", help="Hub dataset id, a local folder laid out as the Hub's, or a JSON/JSONL file"
+    )
+    i.add_argument("--out", dest="sub_out", required=True, help="output folder (as `dimmem datagen` writes)")
+    i.add_argument(
+        "--format",
+        dest="sub_format",
+        choices=["auto", *PAPER_FORMATS],
+        default="auto",
+        help="their variant (auto: dimmem-paper-longmemeval when every line is `User`)",
+    )
+    i.add_argument("--teacher-model", help="the model that wrote the labels, for the card (e.g. gpt-5.4)")
+    i.add_argument("--license", help="the source's license, for the card (default: what the dataset states)")
+    i.add_argument("--validation", type=float, default=0.1, help="share of templates held out for validation")
+    i.add_argument("--test", type=float, default=0.1, help="share of templates held out for test")
+    i.add_argument("--seed", type=int, default=0, help="seed of the split")
+    i.add_argument("--quiet", action="store_true", help="no progress bar")
+    e = sub.add_parser("export", help="a datagen output's labels as the DimMem authors' SFT rows")
+    e.add_argument("folder", help="a datagen output folder (its jobs.jsonl)")
+    e.add_argument("--format", dest="sub_format", choices=PAPER_FORMATS, required=True)
+    e.add_argument("--out", dest="sub_out", required=True, help="folder for <split>.jsonl and report.json")
+    c = sub.add_parser(
+        "check-overlap", help="how much of an evaluation benchmark's conversations a training set shares"
+    )
+    c.add_argument("--train", required=True, help="a datagen output folder, or rows in the authors' layout")
+    c.add_argument("--eval", required=True, help="the benchmark's source format, e.g. locomo, longmemeval")
+    c.add_argument("--eval-input", help="its file (default for locomo: the shared data's locomo10.json)")
+    c.add_argument("--out", dest="sub_out", help="write the result as JSON here")
+
+
+def run_paper_command(args: argparse.Namespace) -> int:
+    from data_gen.config import SplitConfig
+
+    if args.datagen_command == "import":
+        from data_gen.paper_dataset import import_paper
+
+        split = SplitConfig(validation=args.validation, test=args.test, seed=args.seed)
+        report = import_paper(
+            args.source,
+            Path(args.sub_out),
+            split,
+            args.sub_format,
+            args.teacher_model,
+            args.license,
+            show_progress=not args.quiet,
+        )
+        print(json.dumps(report, indent=2))
+        return 0
+    if args.datagen_command == "export":
+        from data_gen.paper_dataset import export_paper
+
+        print(json.dumps(export_paper(Path(args.folder), Path(args.sub_out), args.sub_format), indent=2))
+        return 0
+    from data_gen.overlap import as_json, check_overlap, format_report, train_conversations
+    from dimmem.contract.loaders import load_conversations
+    from dimmem.paths import shared_data, write_json
+
+    if args.eval_input is None and args.eval != "locomo":
+        raise ValueError(f"--eval {args.eval} needs --eval-input FILE")
+    eval_input = args.eval_input or str(shared_data("locomo/locomo10.json"))
+    rows = check_overlap(train_conversations(args.train), load_conversations(args.eval, eval_input))
+    print(format_report(rows))
+    if args.sub_out:
+        write_json(args.sub_out, as_json(rows, args.train, f"{args.eval}:{eval_input}"))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     from dimmem.llm import FatalModelError
     from dimmem.paths import dataset_folder
 
+    if args.datagen_command:
+        return run_paper_command(args)
     if args.push_only:
         if not args.push_to_hub or args.config:
             raise ConfigError("--push-only FOLDER takes --push-to-hub REPO (and no --config)")

@@ -6,7 +6,7 @@ import json
 import random
 import shutil
 from collections import Counter
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -15,6 +15,7 @@ from datasets import Dataset, DatasetDict
 from data_gen.jobs_index import COLUMNS, INDEX, JOBS, KEY
 from data_gen.labeler import Outcome
 from dimmem.contract.records import canonical_json
+from dimmem.contract.windows import window_record
 from dimmem.jsonl_index import write_jsonl
 
 SOURCE_LICENSES = {
@@ -73,13 +74,21 @@ def global_memories(outcome: Outcome) -> list[dict]:
 
 
 def build_dataset(
-    outcomes: list[Outcome], teacher_model: str, validation: float, test: float, seed: int
+    outcomes: list[Outcome],
+    teacher_model: str,
+    validation: float,
+    test: float,
+    seed: int,
+    group: Callable[[str], str] | None = None,
 ) -> DatasetDict:
+    """The SFT rows split by conversation, or by `group(conversation id)` (e.g. the template a
+    generated conversation was made from), so nothing of one group leaks across splits."""
+    group = group or (lambda conversation_id: conversation_id)
     good = [o for o in outcomes if o.status != "quarantined"]
-    splits = split_conversations([o.job.conversation_id for o in outcomes], validation, test, seed)
+    splits = split_conversations([group(o.job.conversation_id) for o in outcomes], validation, test, seed)
     rows = {"train": [], "validation": [], "test": []}
     for outcome in good:
-        rows[splits[outcome.job.conversation_id]].append(sft_row(outcome, teacher_model))
+        rows[splits[group(outcome.job.conversation_id)]].append(sft_row(outcome, teacher_model))
     return DatasetDict(
         {
             name: Dataset.from_list(r) if r else Dataset.from_dict({k: [] for k in _COLUMNS})
@@ -108,12 +117,7 @@ def job_row(outcome: Outcome, split: str | None) -> dict:
         "rounds": outcome.rounds,
     }
     if job.window is not None:
-        w = job.window
-        row["window"] = {
-            "index": w.index,
-            "context": [asdict(t) for t in w.context],
-            "new": [asdict(t) for t in w.new],
-        }
+        row["window"] = window_record(job.window)
     else:
         row["input"] = job.payload
     return row

@@ -152,6 +152,8 @@ class FakeTeacher:
             }
         if "consolidate" in name or prompt.startswith("Stored candidate"):
             return {"action": "KEEP_BOTH", "memory": None}
+        if name.startswith("dimmem_paper"):
+            return self.paper_answer(body)
         new_part = prompt.split("## New turns", 1)[-1]
         turns = _NEW_TURN.findall(new_part)
         if not turns:
@@ -172,6 +174,29 @@ class FakeTeacher:
             del memory["keywords"]
         elif behaviour == "overlap":
             memory["source_turns"] = ["t1"]
+        return {"memories": [memory]}
+
+    @staticmethod
+    def paper_answer(body: dict) -> dict:
+        """The DimMem authors' format (`dimmem.contract.paper_format`): one memory from the first message
+        the window's schema lets it cite."""
+        memories = body["response_format"]["json_schema"]["schema"]["properties"]["memories"]
+        variants = memories.get("items", {}).get("anyOf")
+        if not variants:
+            return {"memories": []}
+        props = variants[0]["properties"]
+        n = props["source_id"]["enum"][0]
+        line = body["messages"][1]["content"].splitlines()[n - 1]
+        speaker, text = line.split("] ", 1)[1].split(".", 1)[1].split(": ", 1)
+        memory = {"source_id": n}
+        if "source_speaker" in props:
+            memory["source_speaker"] = speaker
+        memory["content"] = f"{speaker} said: {text}"
+        memory["dimension"] = {
+            "memory_type": "fact",
+            **dict.fromkeys(("time", "location", "reason", "purpose"), ""),
+            "keywords": [speaker],
+        }
         return {"memories": [memory]}
 
     @staticmethod

@@ -271,12 +271,16 @@ class ModelClient:
         messages: list[dict],
         max_tokens: int | None = None,
         scope: TurnScope | None = None,
+        schema: dict | None = None,
     ) -> dict:
         """The chat-completions body (also what a Batch API line carries). `task` None: free text. An
-        extract window's schema is its own (`records.window_schema`); other tasks share one, built once."""
+        extract window's schema is its own (`records.window_schema`), or `schema` (a `response_format`
+        of another extract format); other tasks share one, built once."""
         cfg = self.config
         if task is None:
             fmt = None
+        elif cfg.structured_outputs and schema is not None:
+            fmt = schema
         elif cfg.structured_outputs and task == "extract" and scope is not None:
             fmt = response_format(task, scope.citable())
         else:
@@ -413,6 +417,7 @@ class ModelClient:
         max_tokens: int | None = None,
         salt=None,
         label: str = "",
+        schema: dict | None = None,
     ) -> Completion:
         """The answer, asked again with a larger budget while it is cut off (up to the cap, or what the
         endpoint's context leaves); the last answer comes back even when still cut off (finish_reason
@@ -420,7 +425,7 @@ class ModelClient:
         budget, ceiling, last = max_tokens or self.config.max_tokens, self.config.max_tokens_cap, None
         while True:
             try:
-                completion = self.send(self.body(task, messages, budget, scope), salt, label)
+                completion = self.send(self.body(task, messages, budget, scope, schema), salt, label)
             except ContextLimitError as exc:
                 budget = ceiling = self._clamp(exc, budget, last)
                 continue
@@ -483,13 +488,20 @@ class ModelClient:
 
     # --- JSON answers (the runtime) -------------------------------------------------------------------
     def json(
-        self, task: str, messages: list[dict], scope: TurnScope | None = None, attempts: int = 2
+        self,
+        task: str,
+        messages: list[dict],
+        scope: TurnScope | None = None,
+        attempts: int = 2,
+        schema: dict | None = None,
+        decode=json.loads,
     ) -> dict:
-        """The answer of a DimMem task as a dict; an answer that is not a JSON object is asked again
-        (`attempts` in all), one still cut off at the cap is an error."""
+        """The answer of a DimMem task as a dict (`decode`d from the text; `schema`: see `body`); an
+        answer that is not a JSON object is asked again (`attempts` in all), one still cut off at the cap
+        is an error."""
         problems = []
         for attempt in range(attempts):
-            completion = self.complete(task, messages, scope, salt=attempt or None)
+            completion = self.complete(task, messages, scope, salt=attempt or None, schema=schema)
             if completion.finish_reason == "length":
                 budget = completion.max_tokens or self.config.max_tokens_cap
                 limit = "the cap" if budget >= self.config.max_tokens_cap else "what the context leaves"
@@ -498,7 +510,7 @@ class ModelClient:
                     "raise max_tokens_cap or shorten the window"
                 )
             try:
-                value = json.loads(completion.text)
+                value = decode(completion.text)
             except json.JSONDecodeError as exc:
                 problems.append(f"not JSON ({exc.msg} at char {exc.pos})")
                 continue

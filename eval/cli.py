@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import get_args
 
 from dimmem.config import add_set_argument
+from dimmem.contract.formats import ExtractFormatName
 
 
 def int_list(text: str) -> list[int]:
@@ -91,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="structured outputs with the window's schema (endpoint only; default on)",
     )
+    x.add_argument(
+        "--extractor-format",
+        choices=get_args(ExtractFormatName),
+        help="what the model speaks: dimmem (default), or the DimMem authors' format (their checkpoints)",
+    )
     x.add_argument("--max-tokens", type=int, help="generation budget per window (default 1024)")
     x.add_argument("--concurrency", type=int, help="requests in flight (endpoint)")
     x.add_argument("--batch-size", type=int, help="--hf-model generation batch")
@@ -165,9 +172,11 @@ def run_extraction(args: argparse.Namespace) -> int:
 
         print(locomo_summary(run_locomo(cfg, out, cache), out))
         return 0
-    from eval.extraction import evaluate, load_references, predict
+    from eval.extraction import attach_windows, evaluate, load_references, predict
 
     refs = load_references(cfg.references, cfg.limit)
+    if cfg.extractor_format != "dimmem" and not cfg.predictions:
+        refs = attach_windows(refs, cfg.references)
     start = time.perf_counter()
     predictions, source, model = predict(cfg, refs, cache)
     wall = time.perf_counter() - start
@@ -178,6 +187,7 @@ def run_extraction(args: argparse.Namespace) -> int:
         "model": model,
         "constrained": bool(cfg.model and cfg.model.structured_outputs),
         "max_tokens": cfg.max_tokens,
+        "extractor_format": cfg.extractor_format,
     }
     metrics = evaluate(refs, predictions, out, run_info, wall)
     print(

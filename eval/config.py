@@ -8,6 +8,7 @@ from typing import Literal, get_args
 from pydantic import Field, model_validator
 
 from dimmem.config import Section, WindowConfig
+from dimmem.contract.formats import ExtractFormatName
 from dimmem.llm import ModelConfig
 
 
@@ -47,6 +48,9 @@ class ExtractionRun(Section):
     extractor: Literal["turns"] | None = None  # locomo: the rule extractor (every turn a record)
     labels: str | None = None  # locomo: a data_gen labels.jsonl of the same windows (a teacher's answers)
     locomo: LocomoExtraction = LocomoExtraction()
+    # what the model speaks (model, hf_model): this contract, or the DimMem authors' format, whose
+    # answers are mapped onto the contract before scoring (dimmem.contract.formats)
+    extractor_format: ExtractFormatName = "dimmem"
     max_tokens: int = Field(1024, ge=1)
     batch_size: int = Field(8, ge=1)  # hf_model generation batch
     limit: int | None = Field(None, ge=1)
@@ -67,6 +71,11 @@ class ExtractionRun(Section):
         if len(given) != 1:
             raise ValueError(
                 f"give exactly one answer source of {', '.join(sources)} (got {given or 'none'})"
+            )
+        if self.extractor_format != "dimmem" and given[0] not in ("model", "hf_model"):
+            raise ValueError(
+                f"extractor_format {self.extractor_format} is what a model speaks: give model or hf_model "
+                f"(stored {given[0]} are contract answers)"
             )
         if self.benchmark == "references":
             if given[0] in ("extractor", "labels"):
@@ -161,6 +170,7 @@ FLAGS = {
         "max_tokens": "max_tokens",
         "batch_size": "batch_size",
         "limit": "limit",
+        "extractor_format": "extractor_format",
     },
     "qa": {
         "benchmark": "benchmark",

@@ -320,6 +320,7 @@ class _Vectors:
 
 def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
     """Window, extract, score and write the run folder; returns metrics.json's content."""
+    from dimmem.contract.formats import extract_format
     from dimmem.contract.loaders.locomo import load_locomo
     from dimmem.contract.prompts import extract_messages, extract_prompt_counter
     from dimmem.contract.tokens import load_tokenizer
@@ -337,7 +338,8 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
             f"{input_path}: {', '.join(unannotated)} carry no `observation` annotations, the benchmark's gold"
         )
     w = bench.windows
-    counter = extract_prompt_counter(w.tokenizer) if w.max_tokens else None
+    render = extract_format(cfg.extractor_format).messages
+    counter = extract_prompt_counter(w.tokenizer, render=render) if w.max_tokens else None
     windows = window_conversations(conversations, w.window, w.overlap, w.max_tokens, counter)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -345,7 +347,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
     if cfg.extractor or cfg.labels:
         predictions, source, model = _answers(cfg, windows)
     else:
-        refs = [Reference(win.id, extract_messages(win), "", win.scope) for win in windows]
+        refs = [Reference(win.id, extract_messages(win), "", win.scope, win) for win in windows]
         predictions, source, model = predict(cfg, refs, cache)
     wall = time.perf_counter() - start
     require_predictions([win.id for win in windows], predictions)
@@ -413,6 +415,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
             "model": model,
             "constrained": bool(cfg.model and cfg.model.structured_outputs),
             "max_tokens": cfg.max_tokens,
+            "extractor_format": cfg.extractor_format,
             "windows": w.model_dump(),
             "event_days": bench.event_days,
             "bootstrap": bench.bootstrap,

@@ -1,6 +1,7 @@
 """LLM-free retrieval benchmark on LoCoMo, and the rankings every retrieval benchmark scores
 (`question_rankings`: each path alone, BM25+dense and all three as the runtime fuses them, all three
-by plain RRF), with context tokens per question (`ContextTokens`).
+by plain RRF and by the DimMem authors' rule, `dedup`), with context tokens per question
+(`ContextTokens`).
 
 Each conversation's memories go into the runtime under their own user; each question of categories 1-4
 is parsed by the rule parser (reference date: the last session) and ranked every way, plus weighted RRF
@@ -33,8 +34,8 @@ from dimmem.runtime.retrieval import fuse, rrf
 
 PATHS = ("bm25", "dense", "dimension")
 # each path alone; bm25+dense and `fused` (all three) as the runtime fuses them (`Memory.search`'s
-# order); all three by plain RRF
-RANKINGS = (*PATHS, "bm25+dense", "rrf", "fused")
+# order); all three by plain RRF, and by the DimMem authors' rule (`retrieval.dedup`, a baseline)
+RANKINGS = (*PATHS, "bm25+dense", "rrf", "dedup", "fused")
 FITTED = ("bm25+dense_fitted", "fused_fitted")  # weighted RRF, weights cross-fitted (LoCoMo)
 # Weighted-RRF grid (bm25's weight fixed at 1: scaling every weight leaves the order unchanged).
 WEIGHT_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
@@ -106,6 +107,8 @@ def question_rankings(
     for name, used in (("bm25+dense", {k: paths[k] for k in ("bm25", "dense")}), ("fused", paths)):
         hits = fuse(memory.store, user_id, used, parsed, retrieval.depth, retrieval.weights, retrieval.fusion)
         out[name] = [hit.record["id"] for hit in hits]
+    hits = fuse(memory.store, user_id, paths, parsed, retrieval.depth, None, "dedup", retrieval.dedup_k)
+    out["dedup"] = [hit.record["id"] for hit in hits]
     return out, paths
 
 
@@ -281,5 +284,10 @@ def format_table(result: dict, ks: list[int]) -> str:
         f"plain RRF {result['rrf'][k] - result['bm25+dense'][k]:+.3f}, "
         f"fitted weights {result['fused_fitted'][k] - result['bm25+dense_fitted'][k]:+.3f} "
         f"(two-fold by conversation; weights fitted on all questions: {result['fitted_weights_all']})"
+    )
+    lines.append(
+        f"fused ({k}) against the DimMem authors' rule (dedup {result['dedup'][k]:.3f}): "
+        f"{result['fused'][k] - result['dedup'][k]:+.3f}; plain RRF against it: "
+        f"{result['rrf'][k] - result['dedup'][k]:+.3f}"
     )
     return "\n".join(lines)

@@ -308,6 +308,36 @@ def equal_recall_lines(result: dict, k: int) -> list[str]:
     return lines
 
 
+def fusion_lines(result: dict) -> list[str]:
+    """The three paths fused three ways, side by side per memory set: the runtime's score fusion
+    (`fused`), plain RRF and the DimMem authors' rule (`dedup`)."""
+    k10 = headline_k(result["k"])
+    fusions = (("fused", "score"), ("rrf", "rrf"), ("dedup", "dedup"))
+    lines = [
+        "| memory set | "
+        + " | ".join(f"{label} R@{k10}" for _, label in fusions)
+        + " | "
+        + " | ".join(f"{label} MRR" for _, label in fusions)
+        + " | current fact "
+        + " / ".join(label for _, label in fusions)
+        + " |",
+        "|---|" + "---|" * (2 * len(fusions) + 1),
+    ]
+    for name, s in result["sets"].items():
+        r = {ranking: s["rankings"][ranking] for ranking, _ in fusions}
+        current = [r[ranking].get("update", {}).get("current_fact") for ranking, _ in fusions]
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{r[ranking]['all'][f'recall@{k10}']:.3f}" for ranking, _ in fusions)
+            + " | "
+            + " | ".join(f"{r[ranking]['all']['mrr']:.3f}" for ranking, _ in fusions)
+            + " | "
+            + (" / ".join(f"{c:.3f}" for c in current) if None not in current else "-")
+            + " |"
+        )
+    return lines
+
+
 def format_toy(result: dict) -> str:
     """The overall table (one row per memory set) and the per-class fused recall@10 table."""
     ks = result["k"]
@@ -334,7 +364,7 @@ def format_toy(result: dict) -> str:
             + f" | {s['context_tokens_curve']['all'][k10 - 1]:.0f} | {best_name} {best:.3f} | "
             + f"{fused['all'][f'recall@{k10}'] - best:+.3f} |"
         )
-    lines += ["", *equal_recall_lines(result, k10)]
+    lines += ["", *equal_recall_lines(result, k10), "", *fusion_lines(result)]
     if "assistant_recall" in result:
         lines += ["", *format_assistant_recall(result["assistant_recall"])]
     classes = [c for c in CLASSES if result["questions"].get(c)]

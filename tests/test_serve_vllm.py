@@ -245,6 +245,34 @@ def test_served_extractor_is_schema_valid_under_structured_outputs(served, expor
 @pytest.mark.integration
 @pytest.mark.slow
 @needs_vllm
+def test_served_model_spoken_to_in_the_authors_format(served, exports, tmp_path):
+    """`extractor_format: dimmem-paper` against vLLM: their line layout, their JSON Schema with integer
+    message numbers (accepted by xgrammar), answers mapped onto the contract. The tiny model learned this
+    project's format, not theirs, so what it writes is not scored; what the schema guarantees is: every
+    answer that ends parses, and cites only new messages of the speaker it names."""
+    from eval.cli import main as evaluate
+
+    kind, url = served
+    if kind != "merged":
+        pytest.skip("the format is the client's: one served model shows it")
+    out = tmp_path / "paper"
+    args = ["extraction", "--references", f"{exports['data']}:test", "--base-url", url]
+    args += ["--model", "dimmem-extractor", "--extractor-format", "dimmem-paper", "--max-tokens", "384"]
+    assert evaluate([*args, "--limit", "4", "--out", str(out)]) == 0
+    windows = [json.loads(line) for line in (out / "windows.jsonl").open()]
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").open()]
+    ended = [(w, p) for w, p in zip(windows, predictions) if not w["truncated"]]
+    assert ended, "every answer ran into max_tokens"
+    for w, p in ended:
+        raw = json.loads(p["raw"])
+        assert all(isinstance(m["source_id"], int) and "dimension" in m for m in raw["memories"])
+        assert w["parsed"] and w["schema_valid"], w["rules"]
+        assert not {"source_turns_unknown", "source_turns_overlap", "speaker_mismatch"} & set(w["rules"])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@needs_vllm
 def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
     """`dimmem serve api` with configs/memory/served-tiny.yaml pointed at the server: a new conversation
     is added, a stored memory is found by search, the other tenant sees none of it."""

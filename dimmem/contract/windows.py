@@ -10,7 +10,7 @@ flagged `oversized`, never dropped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.validate import TurnScope
@@ -24,6 +24,7 @@ class Window:
     new: tuple[Turn, ...]
     prompt_tokens: int | None = None
     oversized: bool = False
+    session_offset: int = 0  # turns of its first turn's session before the window (that turn's position)
 
     @property
     def id(self) -> str:
@@ -68,6 +69,22 @@ class Window:
         ]
 
 
+def window_record(window: Window) -> dict:
+    """A window's turns as JSON (datagen's jobs.jsonl), so a later stage can show it again."""
+    return {
+        "index": window.index,
+        "context": [asdict(t) for t in window.context],
+        "new": [asdict(t) for t in window.new],
+        "session_offset": window.session_offset,
+    }
+
+
+def window_from_record(conversation_id: str, record: dict) -> Window:
+    context, new = (tuple(Turn(**t) for t in record[part]) for part in ("context", "new"))
+    offset = record.get("session_offset", 0)  # absent in outputs written before it was recorded
+    return Window(conversation_id, record["index"], context, new, session_offset=offset)
+
+
 def make_windows(
     conversation: Conversation,
     window: int,
@@ -85,6 +102,10 @@ def make_windows(
     if max_tokens is not None and count_tokens is None:
         raise ValueError("a token budget needs count_tokens")
     turns = conversation.turns
+    in_session = [0] * len(turns)  # each turn's position in its session
+    for i in range(1, len(turns)):
+        if turns[i].session_id == turns[i - 1].session_id:
+            in_session[i] = in_session[i - 1] + 1
     windows: list[Window] = []
     start = 0
     while start < len(turns):
@@ -98,6 +119,7 @@ def make_windows(
                 index,
                 tuple(turns[start - n_ctx : start]),
                 tuple(turns[start : start + n_new]),
+                session_offset=in_session[start - n_ctx],
             )
 
         win = build(n_context, n_new)

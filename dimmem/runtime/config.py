@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from dimmem.config import Section, WindowConfig
+from dimmem.contract.formats import ExtractFormatName
 from dimmem.llm import ModelConfig
 
 SQLITE_URL = "sqlite:///"
@@ -24,9 +25,14 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 class RetrievalConfig(Section):
     depth: int = Field(50, ge=1, description="candidates each path contributes to fusion")
-    fusion: Literal["score", "rrf"] = Field(
+    fusion: Literal["score", "rrf", "dedup"] = Field(
         "score",
-        description="score: sum of the paths' calibrated scores; rrf: reciprocal rank fusion (BENCHMARKS.md)",
+        description="score: sum of the paths' calibrated scores; rrf: reciprocal rank fusion; dedup: the "
+        "DimMem authors' rule, a baseline (each path's top dedup_k, concatenated, duplicates dropped); "
+        "BENCHMARKS.md compares them",
+    )
+    dedup_k: int = Field(
+        15, ge=1, description="fusion dedup: records each path contributes (the authors': 15)"
     )
     weights: dict[str, float] | None = Field(None, description="per-path weights of the fusion; null: all 1")
     ann_min_records: int = Field(
@@ -62,10 +68,18 @@ class EmbedderConfig(Section):
 
 
 class UpdateConfig(Section):
+    candidates: Literal["dimmem", "paper"] = Field(
+        "dimmem",
+        description="dimmem: same type, a shared keyword besides the speaker's name, same speaker, cosine "
+        "from similarity_threshold; paper: the DimMem authors' filter, a baseline (same type, keyword "
+        "Jaccard from paper_jaccard, cosine from paper_similarity, never a record of a later session)",
+    )
     similarity_threshold: float = Field(
         0.6, description="consolidate with the closest candidate from this cosine on"
     )
     max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
+    paper_jaccard: float = Field(0.3, description="candidates paper: keyword Jaccard from this on")
+    paper_similarity: float = Field(0.7, description="candidates paper: cosine from this on")
 
 
 class PoolConfig(Section):
@@ -104,6 +118,11 @@ class MemoryConfig(Section):
     embedder: EmbedderConfig = EmbedderConfig()
     model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
     extractor: Literal["model", "replay", "turns"] = "turns"
+    extractor_format: ExtractFormatName = Field(
+        "dimmem",
+        description="what the 'model' extractor speaks: dimmem (this contract), or the DimMem authors' "
+        "dimmem-paper (LoCoMo checkpoint) / dimmem-paper-longmemeval (user messages only)",
+    )
     labels: str | None = Field(None, description="a data_gen labels.jsonl for the replay extractor")
     query_parser: Literal["model", "rules"] = "rules"
     consolidator: Literal["model", "rules"] = "rules"
@@ -170,10 +189,12 @@ class MemoryConfig(Section):
         return make_embedder(**self.embedder.model_dump())
 
     def build_extractor(self, client=None):
+        from dimmem.contract.formats import extract_format
         from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor, TurnExtractor
 
         if self.extractor == "model":
-            return EndpointExtractor(client or self.client(), self.model.concurrency)
+            fmt = extract_format(self.extractor_format)
+            return EndpointExtractor(client or self.client(), self.model.concurrency, fmt)
         if self.extractor == "replay":
             return ReplayExtractor(self.labels)
         return TurnExtractor()
@@ -200,7 +221,9 @@ class MemoryConfig(Section):
         """Counts a window's rendered extract prompt, when `windows.max_tokens` sets a budget."""
         if self.windows.max_tokens is None:
             return None
+        from dimmem.contract.formats import extract_format
         from dimmem.contract.prompts import extract_prompt_counter
         from dimmem.contract.tokens import load_tokenizer
 
-        return extract_prompt_counter(load_tokenizer(self.windows.tokenizer))
+        render = extract_format(self.extractor_format).messages
+        return extract_prompt_counter(load_tokenizer(self.windows.tokenizer), render=render)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dimmem.contract.conversation import Turn
-from dimmem.contract.prompts import extract_messages
+from dimmem.contract.formats import ExtractFormat, extract_format
 from dimmem.contract.validate import Issue, validate
 from dimmem.contract.windows import Window
 from dimmem.llm import ModelClient, ModelError
@@ -59,15 +59,28 @@ def keep_valid(window: Window, answer: dict | str) -> WindowRecords:
 
 
 class EndpointExtractor:
-    def __init__(self, client: ModelClient, concurrency: int = 8):
+    """`fmt`: the extract format the served model speaks (`dimmem.contract.formats`); its answers come
+    back as contract answers."""
+
+    def __init__(self, client: ModelClient, concurrency: int = 8, fmt: ExtractFormat | None = None):
         self.client, self.concurrency = client, concurrency
+        self.fmt = fmt or extract_format("dimmem")
 
     def __call__(self, windows: list[Window]) -> dict[str, dict | str]:
+        fmt = self.fmt
+
         def one(window: Window) -> dict | str:
             try:
-                return self.client.json("extract", extract_messages(window), scope=window.scope)
+                answer = self.client.json(
+                    "extract",
+                    fmt.messages(window),
+                    scope=window.scope,
+                    schema=fmt.response_format(window),
+                    decode=fmt.decode,
+                )
             except ModelError as exc:
                 return f"{window.id}: {exc}"
+            return fmt.to_contract(answer, window)
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(windows)))) as pool:
             return dict(zip((w.id for w in windows), pool.map(one, windows)))

@@ -31,8 +31,9 @@ whole conversation, cannot be told from new turns with the same text: it appends
 Each new record meets only the stored records of its type that share a keyword (an index lookup), is
 compared by embedding with those alone, and is consolidated with the closest one when similar enough:
 MERGE, SUPERSEDE or KEEP_BOTH, decided by a model (`consolidator`) or by rules. Replaced and merged
-versions stay in the history. Lifecycle (held by the store): only active records are found, revised,
-merged into, superseded or deleted; `update` or `delete` of another raises `RecordStateError`; a
+versions stay in the history. `update.candidates: paper` swaps in the DimMem authors' filter instead,
+as a baseline (`_paper_candidates`). Lifecycle (held by the store): only active records are found,
+revised, merged into, superseded or deleted; `update` or `delete` of another raises `RecordStateError`; a
 deleted record comes back only by `restore`; superseded and merged records are history.
 
 Threads: a `Memory` may be shared by any number of threads, and no call holds the store for long.
@@ -337,15 +338,18 @@ class Memory:
         for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
             best, candidate, similarity = None, None, 0.0
             if consolidate and attempt < CONSOLIDATION_ATTEMPTS:  # the last attempt: KEEP_BOTH
-                names = {record["speaker"].casefold()}
+                paper = update.candidates == "paper"
+                names = set() if paper else {record["speaker"].casefold()}
                 keys = [k for k in record["keywords"] if k.casefold() not in names]
                 with self._store_lock:
                     candidates = self.store.candidates(user_id, record["type"], keys, update.max_candidates)
+                    if paper:
+                        candidates = self._paper_candidates(user_id, record, candidates)
                     self.stats["embedding_comparisons"] += len(candidates)
                     self.stats["baseline_comparisons"] += self.store.count(user_id)  # comparing with all
                     if candidates:
-                        best, similarity, candidate = self._closest_same_speaker(
-                            user_id, record, vector, candidates
+                        best, similarity, candidate = self._closest(
+                            user_id, record, vector, candidates, paper
                         )
             decision = {"action": "KEEP_BOTH", "memory": None}
             if candidate is not None:  # decided outside the store lock (a model call, maybe)
@@ -386,25 +390,45 @@ class Memory:
             return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
         raise AssertionError("unreachable: the last attempt keeps both")
 
-    def _closest_same_speaker(
-        self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str]
+    def _closest(
+        self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str], paper: bool = False
     ) -> tuple[str | None, float, dict | None]:
         """The most similar candidate above the threshold whose speaker is the record's: (id, similarity,
         record), or (None, 0, None). Another speaker's record is another person's memory ("Bob loves
         jazz" must not supersede "Alice loves jazz"), however close the two texts are. Only the
-        `SPEAKER_PROBES` closest are read."""
+        `SPEAKER_PROBES` closest are read. `paper` (the authors' filter): the threshold is
+        `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
         ids, matrix = self.store.vectors(user_id, candidates)
         if not ids:
             return None, 0.0, None
         scores = matrix @ vector
+        update = self.config.update
+        threshold = update.paper_similarity if paper else update.similarity_threshold
         speaker = record["speaker"].casefold()
         for i in np.argsort(-scores, kind="stable")[:SPEAKER_PROBES]:
-            if scores[i] < self.config.update.similarity_threshold:
+            if scores[i] < threshold:
                 break
             found = self.store.get(user_id, ids[i])
-            if found is not None and found["speaker"].casefold() == speaker:
+            if found is not None and (paper or found["speaker"].casefold() == speaker):
                 return ids[i], float(scores[i]), found
         return None, 0.0, None
+
+    def _paper_candidates(self, user_id: str, record: dict, candidates: list[str]) -> list[str]:
+        """The DimMem authors' update filter (`update.candidates: paper`), a baseline, on the index's
+        candidates (same type, a shared keyword): those whose keyword set (casefolded, the speaker's name
+        included) has Jaccard similarity with the record's from `paper_jaccard` on, and that do not come
+        from a later session than the record (ISO `session_time`s compared as text), so an older record
+        never replaces a newer one. Same session or a time unknown on either side: kept (arrival order
+        decides, as without the filter). The cosine step is `_closest`'s, from `paper_similarity`."""
+        mine = {k.casefold() for k in record["keywords"]}
+        when = record.get("session_time")
+        kept = []
+        for rid, other in self.store.get_many(user_id, candidates).items():
+            theirs = {k.casefold() for k in other["keywords"]}
+            newer = when and other.get("session_time") and other["session_time"] > when
+            if len(mine & theirs) / len(mine | theirs) >= self.config.update.paper_jaccard and not newer:
+                kept.append(rid)
+        return kept
 
     def update(self, memory_id: str, *, user_id: str, **fields) -> dict:
         """A new version of an active record with the given fields changed (the old one stays in its
@@ -521,7 +545,9 @@ class Memory:
         paths = self.paths(query, user_id, parsed)
         with self._store_lock:
             retrieval = self.config.retrieval
-            hits = fuse(self.store, user_id, paths, parsed, k, retrieval.weights, retrieval.fusion)
+            hits = fuse(
+                self.store, user_id, paths, parsed, k, retrieval.weights, retrieval.fusion, retrieval.dedup_k
+            )
             self.stats["searches"] += 1
             context = []
             if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers

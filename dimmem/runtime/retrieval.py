@@ -1,8 +1,9 @@
 """Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `Store.dense`) and
 dimension match (the query's time, place and types), fused by the sum of calibrated scores
-(`score_fusion`, the default) or by reciprocal rank fusion (`rrf`). The dimension path votes only with
-what the parsed query states. A query that states a time ranks records whose time overlaps it above
-records dated elsewhere; each hit keeps its rank and score on every path."""
+(`score_fusion`, the default), by reciprocal rank fusion (`rrf`) or by the DimMem authors' rule
+(`dedup`: each path's top k concatenated, duplicates dropped; a baseline). The dimension path votes
+only with what the parsed query states. A query that states a time ranks records whose time overlaps
+it above records dated elsewhere; each hit keeps its rank and score on every path."""
 
 from __future__ import annotations
 
@@ -142,7 +143,36 @@ def _combine(paths, weights, contributions) -> list[tuple[str, float, dict]]:
     )
 
 
-FUSIONS = {"score": score_fusion, "rrf": rrf}
+DEDUP_ORDER = ("bm25", "dimension", "dense")  # the authors' route order: lexical, structured, dense
+DEDUP_K = 15  # the authors' per-route cut
+
+
+def dedup(
+    paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None, k: int = DEDUP_K
+) -> list[tuple[str, float, dict]]:
+    """The DimMem authors' fusion, as a baseline: each path's top `k` concatenated in their order (BM25,
+    then the structured route, then dense), a record ranked again dropped; same shape as `rrf`, the
+    fused score 1/position. Their structured route is a weighted score of their own; here it is this
+    project's dimension path. A path weighted 0 (or left out of `weights`) is left out. Records with the
+    same content are dropped by `fuse`, which reads them (`normalized_content`)."""
+    names = [*DEDUP_ORDER, *(name for name in paths if name not in DEDUP_ORDER)]
+    used = [name for name in names if name in paths and (weights is None or weights.get(name, 0.0))]
+    order = dict.fromkeys(rid for name in used for rid, _ in paths[name][:k])
+    per_path: dict[str, dict] = {rid: {} for rid in order}
+    for name, ranked in paths.items():  # every path's rank and score, as the other fusions keep them
+        for rank, (rid, score) in enumerate(ranked, start=1):
+            if rid in per_path:
+                per_path[rid][name] = {"rank": rank, "score": round(score, 6)}
+    return [(rid, 1.0 / position, per_path[rid]) for position, rid in enumerate(order, start=1)]
+
+
+def normalized_content(text: str) -> str:
+    """What makes two contents the same for `dedup`: casefolded, words only (punctuation and underscores
+    dropped), single spaces."""
+    return " ".join(_WORD.findall(text.casefold()))
+
+
+FUSIONS = {"score": score_fusion, "rrf": rrf, "dedup": dedup}
 
 
 def fuse(
@@ -153,12 +183,15 @@ def fuse(
     k: int,
     weights: dict[str, float] | None = None,
     fusion: str = "score",
+    dedup_k: int = DEDUP_K,
 ) -> list[Hit]:
-    """The top `k` of the fusion (`FUSIONS`), records dated outside the query's time (if it states one)
-    after the rest, each group in fused order. Records are read a few more than `k` at a time, in fused
-    order, only until `k` are known to come first: a search reads about `k` records, not every candidate
-    of every path."""
-    fused = FUSIONS[fusion](paths, weights)
+    """The top `k` of the fusion (`FUSIONS`; `dedup` cuts each path to its top `dedup_k` and drops a
+    record whose `normalized_content` an earlier one has), records dated outside the query's time (if it
+    states one) after the rest, each group in fused order (for every fusion alike). Records are read a
+    few more than `k` at a time, in fused order, only until `k` are known to come first: a search reads
+    about `k` records, not every candidate of every path."""
+    fused = dedup(paths, weights, dedup_k) if fusion == "dedup" else FUSIONS[fusion](paths, weights)
+    seen: set[str] | None = set() if fusion == "dedup" else None  # contents already kept
     span = parse_span(query["time"]) if query.get("time") else None
     first, dated_elsewhere = [], []
     step = max(2 * k, 20)
@@ -168,6 +201,11 @@ def fuse(
         for rid, score, per_path in chunk:
             if rid in records:  # (removed since the paths ranked it: skipped)
                 record = records[rid]
+                if seen is not None:
+                    content = normalized_content(record["content"])
+                    if content in seen:
+                        continue
+                    seen.add(content)
                 elsewhere = span and record.get("time") and not overlaps(span, parse_span(record["time"]))
                 (dated_elsewhere if elsewhere else first).append(Hit(record, score, per_path))
         if len(first) >= k:

@@ -92,13 +92,14 @@ def extract_messages(window, template: PromptTemplate | None = None) -> list[dic
     local = iter(window.local_ids)
     rows = [(turn, next(local)) for turn in window.turns]
 
-    def blocks(part):
+    def blocks(part):  # one block per session, dated by its first turn here
+        groups = [list(group) for _, group in groupby(part, key=lambda row: row[0].session_id)]
         return [
             {
-                "date": human_date(time),
+                "date": human_date(group[0][0].session_time),
                 "turns": [{"local_id": lid, "speaker": t.speaker, "text": t.text} for t, lid in group],
             }
-            for (_, time), group in groupby(part, key=lambda row: (row[0].session_id, row[0].session_time))
+            for group in groups
         ]
 
     n_context = len(window.context)
@@ -111,15 +112,17 @@ def extract_messages(window, template: PromptTemplate | None = None) -> list[dic
     )
 
 
-def extract_prompt_counter(tokenizer, template: PromptTemplate | None = None):
+def extract_prompt_counter(tokenizer, template: PromptTemplate | None = None, render=None):
     """count_tokens for windowing: tokens of a window's rendered extract prompt with the target tokenizer
-    (a tokenizer, or its name or folder)."""
+    (a tokenizer, or its name or folder); `render(window)`: the messages of another extract format."""
     from dimmem.contract.tokens import count_prompt_tokens, load_tokenizer
 
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
-    template = template or load_prompt("extract")
-    return lambda window: count_prompt_tokens(tokenizer, extract_messages(window, template))
+    if render is None:
+        template = template or load_prompt("extract")
+        render = lambda window: extract_messages(window, template)  # noqa: E731
+    return lambda window: count_prompt_tokens(tokenizer, render(window))
 
 
 def parse_query_messages(
