@@ -89,11 +89,13 @@ def _paper_commands(p: argparse.ArgumentParser) -> None:
 
 def run_paper_command(args: argparse.Namespace) -> int:
     from data_gen.config import SplitConfig
+    from dimmem.config import validate_config
 
     if args.datagen_command == "import":
         from data_gen.paper_dataset import import_paper
 
-        split = SplitConfig(validation=args.validation, test=args.test, seed=args.seed)
+        split = {"validation": args.validation, "test": args.test, "seed": args.seed}
+        split = validate_config(SplitConfig, split, "datagen import")
         report = import_paper(
             args.source,
             Path(args.sub_out),

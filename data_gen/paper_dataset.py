@@ -213,6 +213,9 @@ def import_paper(
     """Read the authors' rows, write this project's datagen outputs to `out`; returns the report."""
     rows, stated_license = load_rows(source)
     reads, fmt = read_windows(rows, variant)
+    if not any(r.window for r in reads):  # nothing in their layout: say so before writing anything
+        first = next((f"{r.where}: {r.problem}" for r in reads), "no rows")
+        raise ValueError(f"{source}: no row is a window in the DimMem authors' layout ({first})")
     prompt = load_prompt("extract")
     outcomes, rules = [], Counter()
     for read in tqdm(reads, desc="importing", unit="row", disable=not show_progress or None):

@@ -107,6 +107,21 @@ def test_import_splits_by_template_and_its_card_names_source_license_and_contami
     assert "train.jsonl" in card and "gpt-5.4" in card and "Contamination" in card and "check-overlap" in card
 
 
+def test_chinese_rows_train_as_they_read(imported, qwen3_tokenizer):
+    """A Chinese window through the target tokenizer: the rendered training text keeps every character
+    of the prompt and the answer (no unknown tokens), and its keywords pass the validator."""
+    from datasets import load_from_disk
+
+    from dimmem.contract.tokens import render_prompt
+
+    dataset = load_from_disk(str(imported / "dataset"))
+    row = next(r for ds in dataset.values() for r in ds if r["window_id"] == "Mei-conv12_v0/w0001")
+    text = render_prompt(qwen3_tokenizer, row["messages"][:-1]) + row["messages"][-1]["content"]
+    ids = qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert qwen3_tokenizer.decode(ids) == text and "志强最近开始学吉他" in text
+    assert qwen3_tokenizer.unk_token_id not in ids
+
+
 def test_template_names():
     assert template_of("Amber-conv41_v8") == template_of("Ben-conv-41_v0") == "conv-41"
     assert template_of("lme-0042_v3") == "lme-0042"
@@ -119,6 +134,16 @@ def test_bad_sources_are_one_line(tmp_path, capsys):
     broken.write_text('{"messages": []}\n{not json\n')
     assert datagen_main(["import", str(broken), "--out", str(tmp_path / "o")]) == 2
     assert "broken.jsonl: not readable as a dataset" in capsys.readouterr().err
+    other = tmp_path / "chats.jsonl"  # a dataset, but not theirs: nothing is written
+    other.write_text('{"text": "hello"}\n{"text": "bye"}\n')
+    assert datagen_main(["import", str(other), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        "no row is a window in the DimMem authors' layout (train[0]: no `messages`)"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+    args = ["import", str(FIXTURES / "train.jsonl"), "--out", str(tmp_path / "o"), "--validation", "1.5"]
+    assert datagen_main(args) == 2 and "validation" in capsys.readouterr().err
 
 
 # ---- export and the round trip ----------------------------------------------------------------------------

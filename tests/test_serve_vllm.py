@@ -269,6 +269,36 @@ def test_served_model_spoken_to_in_the_authors_format(served, exports, tmp_path)
         assert w["parsed"] and w["schema_valid"], w["rules"]
         assert not {"source_turns_unknown", "source_turns_overlap", "speaker_mismatch"} & set(w["rules"])
 
+    # the memory runtime by config alone: configs/memory/dimmem-4b.yaml pointed at this server
+    from dimmem.runtime import Memory
+
+    config = yaml.safe_load((CONFIG_DIR / "memory" / "dimmem-4b.yaml").read_text())
+    config["model"].update(base_url=url, model="dimmem-extractor", max_tokens=384, max_tokens_cap=384)
+    config.update(store=str(tmp_path / "m.sqlite"), windows={"window": 4, "overlap": 1, "max_tokens": None})
+    day = "2024-05-02"
+    texts = [
+        "I adopted a beagle called Biscuit.",
+        "Lovely!",
+        "I run every Sunday.",
+        "Nice.",
+        "I moved to Oslo.",
+    ]
+    messages = [
+        {"role": ("user", "assistant")[i % 2], "content": text, "created_at": day}
+        for i, text in enumerate(texts)
+    ]
+    memory = Memory(config)
+    try:
+        result = memory.add(messages, user_id="ann", conversation_id="chat")
+        stored = memory.store.records("ann")
+    finally:
+        memory.close()
+    assert result.windows == 2
+    assert all("cut off" in reason for reason in result.failed.values()), result.failed
+    pointer_rules = ("source_turns_unknown", "source_turns_overlap", "speaker_mismatch")
+    assert not [r for r in result.rejected if any(rule in r for rule in pointer_rules)]
+    assert all(set(r["source_turns"]) <= {f"S1:{n}" for n in range(1, 6)} for r in stored)
+
 
 @pytest.mark.integration
 @pytest.mark.slow
