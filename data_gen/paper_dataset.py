@@ -96,11 +96,13 @@ class Read:
     problem: str | None = None
 
 
-def _read(where: str, row: dict, order: int) -> Read:
+def _read(where: str, row: dict, seen: Counter) -> Read:
+    """One row; without `metadata.window`, its place among the rows of its conversation so far."""
     metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
     conv_name = str(metadata.get("conv_name") or where)
     index = metadata.get("window")
-    read = Read(where, conv_name, index if isinstance(index, int) else order, row)
+    read = Read(where, conv_name, index if isinstance(index, int) else seen[conv_name], row)
+    seen[conv_name] += 1
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         read.problem = "no `messages`"
@@ -146,7 +148,8 @@ def _time(turn: Turn) -> datetime:
 
 def read_windows(rows: list[tuple[str, dict]], variant: str = "auto") -> tuple[list[Read], PaperFormat]:
     """Every row as a window of its conversation (in window order), with the variant they speak."""
-    reads = [_read(where, row, i) for i, (where, row) in enumerate(rows)]
+    seen = Counter()
+    reads = [_read(where, row, seen) for where, row in rows]
     fmt = _variant(reads, variant)
     by_conv: dict[str, list[Read]] = {}
     for read in reads:

@@ -122,6 +122,17 @@ def test_chinese_rows_train_as_they_read(imported, qwen3_tokenizer):
     assert qwen3_tokenizer.unk_token_id not in ids
 
 
+def test_rows_without_window_numbers_are_read_in_file_order(tmp_path):
+    rows = [json.loads(line) for line in (FIXTURES / "train.jsonl").open(encoding="utf-8")][:7]
+    for row in rows:
+        del row["metadata"]["window"]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert datagen_main(["import", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert (report["labeled"], report["quarantined"]) == (7, 0)
+
+
 def test_template_names():
     assert template_of("Amber-conv41_v8") == template_of("Ben-conv-41_v0") == "conv-41"
     assert template_of("lme-0042_v3") == "lme-0042"
