@@ -133,6 +133,23 @@ def test_rows_without_window_numbers_are_read_in_file_order(tmp_path):
     assert (report["labeled"], report["quarantined"]) == (7, 0)
 
 
+@pytest.mark.parametrize(
+    "system, context",
+    [
+        ("Messages 1-5 are context from the previous window; extract from 6-25.", 5),
+        ("messages 1..3 are context only", 3),
+        ("The first 2 messages are context.", 2),
+        ("消息 1-4 为上下文，只从第 5 条起抽取。", 4),
+        ("Every message is new: extract from messages 1-9.", 0),
+        ("Extract memories.", None),  # not stated: the previous window's lines decide
+    ],
+)
+def test_stated_context(system, context):
+    from dimmem.contract.paper_format import stated_context
+
+    assert stated_context(system) == context
+
+
 def test_template_names():
     assert template_of("Amber-conv41_v8") == template_of("Ben-conv-41_v0") == "conv-41"
     assert template_of("lme-0042_v3") == "lme-0042"

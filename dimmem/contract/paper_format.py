@@ -20,7 +20,8 @@ validator names it (`source_turns_unknown`). What the contract carries and their
 than one source turn (the first shown one is kept), and the pointer of a memory citing no shown line
 (the longmemeval variant hides assistant turns).
 
-Timestamps: the session time plus 0.5 s per message of that session, counted within the window; a turn
+Timestamps: the session time plus 0.5 s per earlier message of that session (a window that starts
+mid-session counts from its `session_offset`), so every message of a conversation has its own; a turn
 whose session time has seconds (a window read from their layout) is shown at exactly that time.
 """
 
@@ -300,6 +301,7 @@ _CONTEXT_STATED = (
         r"\bmessages?\s+(?:#\s*)?1\s*(?:-|–|\.\.|to|through)\s*(\d+)\b[^.\n]*\bcontext", re.IGNORECASE
     ),
     re.compile(r"\bfirst\s+(\d+)\s+messages?\b[^.\n]*\bcontext", re.IGNORECASE),
+    re.compile(r"1\s*(?:-|–|~|到|至)\s*(\d+)\s*(?:条)?[^。\n]*上下文"),  # 消息 1-5 为上下文
 )
 _NO_CONTEXT = re.compile(r"\bevery message is new\b|\bno context\b", re.IGNORECASE)
 
