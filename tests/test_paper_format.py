@@ -391,6 +391,31 @@ def test_eval_locomo_scores_an_endpoint_in_their_format(tmp_path):
     assert json.loads(prediction["output"])["memories"][0]["type"] == "fact"
 
 
+def test_eval_a_local_model_in_their_format_against_a_datagen_split(toy_dataset, random_tiny_model, tmp_path):
+    """`--hf-model` with `--extractor-format`: prompts rendered from the split's windows (jobs.jsonl) in
+    their layout; the random model writes no JSON, so every window is scored unparsed, its text kept."""
+    from eval.cli import main as eval_main
+
+    out = tmp_path / "hf"
+    args = ["extraction", "--references", f"{toy_dataset}:test", "--hf-model", str(random_tiny_model)]
+    args += ["--extractor-format", "dimmem-paper", "--max-tokens", "8", "--limit", "2", "--out", str(out)]
+    assert eval_main(args) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["windows"] == 2 and metrics["parse_rate"] == 0.0
+    assert metrics["run"]["extractor_format"] == "dimmem-paper"
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
+    assert all(r["raw"] == r["output"] for r in rows)  # text without a JSON object stays as it was
+    # a dataset folder alone has no windows to render their prompts from: one line says so
+    import shutil
+
+    from eval.extraction import attach_windows, load_references
+
+    shutil.copytree(toy_dataset / "dataset", tmp_path / "alone" / "dataset")
+    spec = f"{tmp_path / 'alone'}:test"
+    with pytest.raises(ValueError, match="jobs.jsonl"):
+        attach_windows(load_references(spec, 1), spec)
+
+
 def test_eval_refuses_a_format_for_stored_answers(tmp_path, capsys):
     from eval.cli import main as eval_main
 
