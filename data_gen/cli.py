@@ -48,10 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _paper_commands(p)
 
 
-PAPER_FORMATS = ("dimmem-paper", "dimmem-paper-longmemeval")
-
-
 def _paper_commands(p: argparse.ArgumentParser) -> None:
+    from dimmem.contract.paper_format import FORMATS
+
+    paper_formats = list(FORMATS)
     sub = p.add_subparsers(dest="datagen_command", metavar="{import,export,check-overlap}")
     i = sub.add_parser(
         "import",
@@ -64,7 +64,7 @@ def _paper_commands(p: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--format",
         dest="sub_format",
-        choices=["auto", *PAPER_FORMATS],
+        choices=["auto", *paper_formats],
         default="auto",
         help="their variant (auto: dimmem-paper-longmemeval when every line is `User`)",
     )
@@ -73,10 +73,10 @@ def _paper_commands(p: argparse.ArgumentParser) -> None:
     i.add_argument("--validation", type=float, default=0.1, help="share of templates held out for validation")
     i.add_argument("--test", type=float, default=0.1, help="share of templates held out for test")
     i.add_argument("--seed", type=int, default=0, help="seed of the split")
-    i.add_argument("--quiet", action="store_true", help="no progress bar")
+    i.add_argument("--quiet", dest="sub_quiet", action="store_true", help="no progress bar")
     e = sub.add_parser("export", help="a datagen output's labels as the DimMem authors' SFT rows")
     e.add_argument("folder", help="a datagen output folder (its jobs.jsonl)")
-    e.add_argument("--format", dest="sub_format", choices=PAPER_FORMATS, required=True)
+    e.add_argument("--format", dest="sub_format", choices=paper_formats, required=True)
     e.add_argument("--out", dest="sub_out", required=True, help="folder for <split>.jsonl and report.json")
     c = sub.add_parser(
         "check-overlap", help="how much of an evaluation benchmark's conversations a training set shares"
@@ -103,7 +103,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
             args.sub_format,
             args.teacher_model,
             args.license,
-            show_progress=not args.quiet,
+            show_progress=not (args.quiet or args.sub_quiet),
         )
         print(json.dumps(report, indent=2))
         return 0

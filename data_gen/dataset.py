@@ -130,7 +130,9 @@ def write_outputs(out: Path, dataset: DatasetDict, outcomes: list[Outcome], repo
     tmp = out / "dataset.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     datasets.disable_progress_bars()  # a bar per split for a sub-second write is noise
-    dataset.save_to_disk(str(tmp))
+    # an empty split gets one (empty) shard: with none, `load_from_disk` of the folder fails (datasets 5)
+    shards = {name: None if len(ds) else 1 for name, ds in dataset.items()}
+    dataset.save_to_disk(str(tmp), num_shards=shards)
     shutil.rmtree(out / "dataset", ignore_errors=True)
     tmp.rename(out / "dataset")
     with open(out / "quarantine.jsonl", "w", encoding="utf-8") as f:

@@ -77,11 +77,10 @@ def train_conversations(source: str) -> dict[str, list[Turn]]:
     jobs = Path(source) / JOBS
     if jobs.is_file():
         with open(jobs, encoding="utf-8") as handle:
-            for line in handle:
-                row = json.loads(line)
-                if row.get("window"):
-                    w = window_from_record(row["conversation_id"], row["window"])
-                    turns.setdefault(w.conversation_id, {}).update((t.id, t) for t in w.turns)
+            rows = (row for row in map(json.loads, handle) if row.get("window"))
+            windows = [window_from_record(row["conversation_id"], row["window"]) for row in rows]
+        for w in sorted(windows, key=lambda w: (w.conversation_id, w.index)):  # jobs come in any order
+            turns.setdefault(w.conversation_id, {}).update((t.id, t) for t in w.turns)
     else:
         rows, _ = load_rows(source)
         reads, _ = read_windows(rows)

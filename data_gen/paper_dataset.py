@@ -101,18 +101,23 @@ def _read(where: str, row: dict, seen: Counter) -> Read:
     metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
     conv_name = str(metadata.get("conv_name") or where)
     index = metadata.get("window")
-    read = Read(where, conv_name, index if isinstance(index, int) else seen[conv_name], row)
+    numbered = isinstance(index, int) and not isinstance(index, bool)
+    read = Read(where, conv_name, index if numbered else seen[conv_name], row)
     seen[conv_name] += 1
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         read.problem = "no `messages`"
         return read
-    by_role = {m.get("role"): m.get("content") for m in messages if isinstance(m, dict)}
-    read.system = by_role.get("system") or ""
-    if not isinstance(by_role.get("user"), str):
-        read.problem = "no user message (the window's lines)"
-    elif not isinstance(by_role.get("assistant"), str):
-        read.problem = "no assistant message (the answer)"
+    if bad := [i for i, m in enumerate(messages) if not _message(m)]:
+        read.problem = f"messages[{bad[0]}] is not a {{role, content}} pair of strings"
+        return read
+    roles = Counter(m["role"] for m in messages)
+    by_role = {m["role"]: m["content"] for m in messages}
+    read.system = by_role.get("system", "")
+    if roles["user"] != 1:
+        read.problem = f"{roles['user']} user messages, expected one (the window's lines)"
+    elif roles["assistant"] != 1:
+        read.problem = f"{roles['assistant']} assistant messages, expected one (the answer)"
     else:
         read.answer = by_role["assistant"]
         try:
@@ -122,6 +127,10 @@ def _read(where: str, row: dict, seen: Counter) -> Read:
     return read
 
 
+def _message(m) -> bool:
+    return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+
+
 def _variant(reads: list[Read], wanted: str) -> PaperFormat:
     if wanted != "auto":
         return FORMATS[wanted]
@@ -129,35 +138,60 @@ def _variant(reads: list[Read], wanted: str) -> PaperFormat:
     return FORMATS["dimmem-paper-longmemeval" if everyone <= {"User"} else "dimmem-paper"]
 
 
-def _context_size(read: Read, previous: Read | None) -> int | None:
+def _context_size(read: Read, previous: Read | None) -> int | str:
     """How many leading lines are context: as the system message states, else the lines this window
-    repeats from the end of the previous one, else none for a conversation's first window."""
+    repeats from the end of the previous one, else none for a conversation's first window; or why it
+    cannot be told (a statement the repeated lines contradict, or neither)."""
     stated = stated_context(read.system)
-    if stated is not None:
-        return stated
+    repeated = None
     if previous is not None and previous.lines and previous.index == read.index - 1:
         keys = lambda turns: [(t.id, t.speaker, t.text) for t in turns]  # noqa: E731
         before, now = keys(previous.lines), keys(read.lines)
-        return max((k for k in range(1, min(len(before), len(now))) if before[-k:] == now[:k]), default=0)
-    return 0 if read.index == 0 else None
+        fits = range(1, min(len(before), len(now) - 1) + 1)  # at least one line stays new
+        repeated = max((k for k in fits if before[-k:] == now[:k]), default=0)
+    if stated is not None and repeated is not None and stated != repeated:
+        return (
+            f"the system message says {stated} context messages, but the window repeats "
+            f"{repeated} from the previous one"
+        )
+    if stated is not None or repeated is not None:
+        return stated if stated is not None else repeated
+    if read.index == 0:
+        return 0
+    return (
+        "cannot tell which messages are context (the system message does not say, and the previous "
+        "window is missing)"
+    )
 
 
 def _time(turn: Turn) -> datetime:
     return datetime.fromisoformat(turn.id)
 
 
+def _said(turn: Turn) -> tuple[str, str]:
+    return turn.speaker, turn.text
+
+
 def read_windows(rows: list[tuple[str, dict]], variant: str = "auto") -> tuple[list[Read], PaperFormat]:
     """Every row as a window of its conversation (in window order), with the variant they speak."""
-    seen = Counter()
-    reads = [_read(where, row, seen) for where, row in rows]
+    order = Counter()
+    reads = [_read(where, row, order) for where, row in rows]
     fmt = _variant(reads, variant)
     by_conv: dict[str, list[Read]] = {}
     for read in reads:
         by_conv.setdefault(read.conv_name, []).append(read)
-    seen: set[str] = set()
+    made: set[str] = set()
     for conv_reads in by_conv.values():
         conv_reads.sort(key=lambda r: r.index)
-        every = {t.id: t for r in conv_reads if r.lines for t in r.lines}
+        every: dict[str, Turn] = {}
+        for r in conv_reads:
+            if r.problem:
+                continue
+            clash = next((t for t in r.lines if t.id in every and _said(every[t.id]) != _said(t)), None)
+            if clash is not None:  # one time, two messages: the pointers would be ambiguous
+                r.problem = f"another window of {r.conv_name} has a different message at {clash.id}"
+                continue
+            every.update((t.id, t) for t in r.lines)
         session_of = {t.id: t.session_id for t in sessions(sorted(every.values(), key=_time))}
         for previous, read in zip([None, *conv_reads], conv_reads):
             if read.problem:
@@ -166,19 +200,14 @@ def read_windows(rows: list[tuple[str, dict]], variant: str = "auto") -> tuple[l
             read.lines = [replace(t, session_id=session_of[t.id], **role) for t in read.lines]
             lines = read.lines
             k = _context_size(read, previous)
-            if k is None or k >= len(lines):
-                read.problem = (
-                    "cannot tell which messages are context (the system message does not say, and the "
-                    "previous window is missing)"
-                    if k is None
-                    else f"all {len(lines)} messages are context ({k} stated): nothing new to extract from"
-                )
+            if isinstance(k, str) or k >= len(lines):
+                read.problem = k if isinstance(k, str) else f"all {len(lines)} messages are context"
                 continue
             window = Window(read.conv_name, read.index, tuple(lines[:k]), tuple(lines[k:]))
-            if window.id in seen:
+            if window.id in made:
                 read.problem = f"a second row for window {read.index} of {read.conv_name}"
                 continue
-            seen.add(window.id)
+            made.add(window.id)
             read.window = window
     return reads, fmt
 
@@ -272,6 +301,8 @@ def export_paper(folder: Path, out: Path, format_name: str) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: no {JOBS} (not a datagen output folder)")
     out.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "validation", "test"):  # an earlier export's splits must not linger
+        (out / f"{split}.jsonl").unlink(missing_ok=True)
     counts = Counter()
     handles: dict[str, object] = {}
     try:
@@ -280,13 +311,24 @@ def export_paper(folder: Path, out: Path, format_name: str) -> dict:
                 row = json.loads(line)
                 if row["task"] != "extract" or row["status"] == "quarantined" or not row.get("window"):
                     continue
+                if "session_offset" not in row["window"]:
+                    raise ValueError(
+                        f"{path}: written before windows recorded where they start in their session, "
+                        "which their timestamps need: re-run its datagen command (answers come from its "
+                        "cache, nothing is paid again)"
+                    )
                 window = window_from_record(row["conversation_id"], row["window"])
+                if not fmt.citable(window):
+                    counts["windows_showing_no_new_message"] += 1
+                    continue
                 answer, lost = fmt.from_contract(row["value"], window)
                 counts["rows"] += 1
                 counts["memories"] += len(answer["memories"])
                 counts["memories_citing_no_shown_message"] += lost
+                shown = set(dict(fmt.lines(window)))
                 counts["source_turns_dropped"] += sum(
-                    len(m["source_turns"]) - 1 for m in row["value"]["memories"]
+                    max(len([t for t in m["source_turns"] if t in shown]) - 1, 0)
+                    for m in row["value"]["memories"]
                 )
                 split = row.get("split") or "train"
                 if split not in handles:

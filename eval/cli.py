@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import get_args
 
 from dimmem.config import add_set_argument
-from dimmem.contract.formats import ExtractFormatName
 
 
 def int_list(text: str) -> list[int]:
@@ -38,6 +37,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from dimmem.contract.formats import ExtractFormatName
+
     sub = parser.add_subparsers(
         dest="eval_command", required=True, metavar="{retrieval,extraction,qa,compare}"
     )

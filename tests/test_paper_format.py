@@ -122,6 +122,91 @@ def test_chinese_rows_train_as_they_read(imported, qwen3_tokenizer):
     assert qwen3_tokenizer.unk_token_id not in ids
 
 
+def _tomas() -> dict:
+    return rows_of(FIXTURES / "train.jsonl")[("Tomas-conv7_v1", 0)]
+
+
+def _with_lines(row: dict, edit) -> dict:
+    lines = row["messages"][1]["content"].splitlines()
+    row["messages"][1]["content"] = "\n".join(edit(lines))
+    return row
+
+
+def _second_window(row: dict, system: str) -> dict:
+    """Window 1 of the same conversation: its last line repeated as context, one new line."""
+    lines = row["messages"][1]["content"].splitlines()
+    new = "[2023-07-14T09:15:01.500000, Fri] 2.Ines: She is lovely."
+    second = json.loads(json.dumps(row))
+    second["messages"][0]["content"] = system
+    second["messages"][1]["content"] = lines[-1].replace("] 3.", "] 1.") + "\n" + new
+    second["messages"][2]["content"] = '{"memories": []}'
+    second["metadata"]["window"] = 1
+    return second
+
+
+def _two_user_messages(r):
+    return [{**r, "messages": [*r["messages"], r["messages"][1]]}]
+
+
+def _content_in_parts(r):
+    return [{**r, "messages": [r["messages"][0], {"role": "user", "content": ["parts"]}]}]
+
+
+def _zoned(r):
+    return [_with_lines(r, lambda ls: [ls[0].replace(":00,", ":00+02:00,", 1), *ls[1:]])]
+
+
+def _out_of_order(r):
+    swap = lambda ls: [ls[0], ls[2].replace("] 3.", "] 2."), ls[1].replace("] 2.", "] 3.")]  # noqa: E731
+    return [_with_lines(r, swap)]
+
+
+def _broken_last_line(r):
+    return [_with_lines(r, lambda ls: [*ls, "[broken line"])]
+
+
+def _context_agrees(r):
+    return [r, _second_window(r, "Messages 1-1 are context.")]
+
+
+def _context_contradicted(r):
+    return [r, _second_window(r, "Messages 1-2 are context.")]
+
+
+def _two_messages_one_time(r):
+    edit = lambda ls: [ls[0].replace("Yes,", "No,"), ls[1]]  # noqa: E731
+    return [r, _with_lines(_second_window(r, "x"), edit)]
+
+
+@pytest.mark.parametrize(
+    "rows, reason",
+    [
+        (_two_user_messages, "2 user messages, expected one"),
+        (_content_in_parts, "messages[1] is not a {role, content} pair"),
+        (_zoned, "has a time zone"),
+        (_out_of_order, "is not after the line before"),
+        (_broken_last_line, "line 4 is not a message"),
+        (_context_agrees, None),
+        (_context_contradicted, "says 2 context messages, but the window repeats 1"),
+        (_two_messages_one_time, "a different message at 2023-07-14T09:15:01"),
+    ],
+)
+def test_rows_that_would_mislead_are_quarantined_with_their_reason(tmp_path, capsys, rows, reason):
+    path = tmp_path / "rows.jsonl"
+    written = rows(_tomas())
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in written), encoding="utf-8")
+    code = datagen_main(["import", str(path), "--out", str(tmp_path / "o"), "--quiet"])
+    if code != 0:  # no row at all in their layout: one error naming the row's problem, nothing written
+        assert len(written) == 1 and not (tmp_path / "o").exists()
+        assert reason in capsys.readouterr().err
+        return
+    quarantine = [json.loads(line) for line in (tmp_path / "o" / "quarantine.jsonl").open()]
+    if reason is None:  # the stated context agrees with the lines repeated: both windows kept
+        assert not quarantine
+    else:
+        assert any(reason in q["reason"] for q in quarantine), quarantine
+
+
 def test_rows_without_window_numbers_are_read_in_file_order(tmp_path):
     rows = [json.loads(line) for line in (FIXTURES / "train.jsonl").open(encoding="utf-8")][:7]
     for row in rows:
@@ -206,6 +291,12 @@ def test_the_longmemeval_variant_round_trips(tmp_path):
     assert datagen_main(["import", str(FIXTURES / "longmemeval.jsonl"), "--out", str(out), "--quiet"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["format"] == "dimmem-paper-longmemeval" and report["labeled"] == 1
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(out / "dataset"))  # one template: validation and test are empty splits
+    assert (len(dataset["train"]), len(dataset["validation"]), len(dataset["test"])) == (1, 0, 0)
+    # user lines 1 s apart (the assistant's turns between them are not shown) are still one session
+    assert dataset["train"][0]["messages"][1]["content"].count("[session of") == 1
     assert (
         datagen_main(["export", str(out), "--format", "dimmem-paper-longmemeval", "--out", str(paper)]) == 0
     )
@@ -227,10 +318,12 @@ def test_what_their_format_cannot_carry_is_counted(tmp_path):
     memory |= {"reason": None, "purpose": None, "keywords": ["Oslo"]}
     answer = {"memories": [{**memory, "source_turns": ["t3", "t1"]}, {**memory, "source_turns": ["t2"]}]}
     paper, lost = USER_ONLY.from_contract(answer, window)
-    assert lost == 1 and [m["source_id"] for m in paper["memories"]] == [2]  # t3 is the 2nd user line
+    assert lost == 1 and [m["source_id"] for m in paper["memories"]] == [1]  # the earliest shown: t1
     assert "source_speaker" not in paper["memories"][0]
     back = USER_ONLY.to_contract(paper, window)
-    assert back["memories"][0]["source_turns"] == ["t3"] and validate("extract", back, window.scope).ok
+    assert back["memories"][0]["source_turns"] == ["t1"] and validate("extract", back, window.scope).ok
+    only_third = {"memories": [{**memory, "source_turns": ["t3"]}]}
+    assert USER_ONLY.from_contract(only_third, window)[0]["memories"][0]["source_id"] == 2  # 2nd user line
 
 
 # ---- the prompt, the schema and the answer ----------------------------------------------------------------
@@ -297,6 +390,11 @@ def test_schema_allows_only_the_new_messages_of_each_speaker(locomo_windows):
 )
 def test_their_parser_leniency(text):
     assert PAPER.decode(text) == {"memories": []}
+
+
+def test_a_fence_inside_the_answer_is_content():
+    text = '```json\n{"memories": [{"content": "Ann writes ```json fences"}]}\n```'
+    assert PAPER.decode(text) == {"memories": [{"content": "Ann writes ```json fences"}]}
 
 
 def test_answers_map_onto_the_contract_and_its_validator_names_what_is_wrong(locomo_windows):

@@ -25,6 +25,10 @@ class ExtractFormat(Protocol):
     def messages(self, window: Window) -> list[dict]:
         """The prompt of one window."""
 
+    def citable(self, window: Window) -> bool:
+        """Whether the window shows the model a new message to extract from (else: no request, no
+        memory)."""
+
     def response_format(self, window: Window) -> dict:
         """The OpenAI `response_format` that constrains an answer to this window."""
 
@@ -40,6 +44,9 @@ class ContractFormat:
 
     def messages(self, window: Window) -> list[dict]:
         return extract_messages(window)
+
+    def citable(self, window: Window) -> bool:
+        return bool(window.new)
 
     def response_format(self, window: Window) -> dict:
         return response_format("extract", window.scope.citable())

@@ -21,7 +21,8 @@ than one source turn (the first shown one is kept), and the pointer of a memory 
 (the longmemeval variant hides assistant turns).
 
 Timestamps: the session time plus 0.5 s per earlier message of that session (a window that starts
-mid-session counts from its `session_offset`), so every message of a conversation has its own; a turn
+mid-session counts from its `session_offset`), so every message of a windowed conversation has its own
+(a session continued by a later `Memory.add` counts again from its own windows' start); a turn
 whose session time has seconds (a window read from their layout) is shown at exactly that time.
 """
 
@@ -45,11 +46,12 @@ from dimmem.contract.windows import Window
 PROMPT = Path(__file__).parent / "prompts" / "paper" / "extract.yaml"
 DIMENSIONS = ("time", "location", "reason", "purpose")
 STEP = timedelta(seconds=0.5)
+SESSION_GAP = timedelta(minutes=1)  # one session's messages are seconds apart, two sessions hours or days
 LINE = re.compile(
     r"^\[(?P<stamp>[^,\]]+),\s*(?P<weekday>[A-Za-z]+)\]\s*(?P<n>\d+)\.(?P<speaker>[^:]*?):\s?(?P<text>.*)$"
 )
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_FENCE = re.compile(r"```(?:json)?")
+_FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")  # a fence around the answer, not inside it
 
 
 class LayoutError(ValueError):
@@ -67,6 +69,11 @@ class PaperFormat:
         """(window-local id, turn) of each shown message in order: message n is the n-th."""
         shown = zip(window.local_ids, window.turns)
         return [(lid, t) for lid, t in shown if not self.user_only or t.role == "user"]
+
+    def citable(self, window: Window) -> bool:
+        """Whether the window shows a new message (the LongMemEval variant may show none: no question)."""
+        new = {t.id for t in window.new}
+        return any(t.id in new for _, t in self.lines(window))
 
     def n_context(self, window: Window) -> int:
         context = {t.id for t in window.context}
@@ -111,7 +118,7 @@ class PaperFormat:
                 memory["required"] = list(memory["properties"])
             memories["items"]["anyOf"].append(memory)
         if not by_speaker:  # no new message: nothing may be cited
-            memories = {"type": "array", "items": _MEMORY_SCHEMA, "maxItems": 0}
+            memories = {"type": "array", "items": copy.deepcopy(_MEMORY_SCHEMA), "maxItems": 0}
         schema = {
             "type": "object",
             "properties": {"memories": memories},
@@ -125,7 +132,7 @@ class PaperFormat:
     def decode(self, text: str) -> dict:
         """Their parser's leniency: a `<think>` block and code fences are dropped and the first JSON
         object is read (json.JSONDecodeError when there is none)."""
-        text = _FENCE.sub("", _THINK.sub("", text))
+        text = _FENCE.sub("", _THINK.sub("", text).strip())
         start = text.find("{")
         if start < 0:
             raise json.JSONDecodeError("no JSON object", text, 0)
@@ -171,7 +178,7 @@ class PaperFormat:
     # --- the contract -> their answer ------------------------------------------------------------------
     def from_contract(self, answer: dict, window: Window) -> tuple[dict, int]:
         """A contract extract answer in their format, and how many memories it could not carry (citing no
-        shown message). A memory citing several turns keeps the first shown one."""
+        shown message). A memory citing several turns keeps the earliest shown one."""
         number = {lid: n for n, (lid, _) in enumerate(self.lines(window), start=1)}
         out, lost = [], 0
         for memory in answer["memories"]:
@@ -179,7 +186,7 @@ class PaperFormat:
             if not cited:
                 lost += 1
                 continue
-            row = {"source_id": cited[0]}
+            row = {"source_id": min(cited)}
             if self.speakers:
                 row["source_speaker"] = memory["speaker"]
             row["content"] = memory["content"]
@@ -253,8 +260,9 @@ def _stamps(window: Window) -> dict[str, datetime]:
 
 def read_lines(text: str) -> list[Turn]:
     """The turns of a window in their layout (the user message). A line that does not start a message
-    continues the previous one's text; one before any message, a number out of order or an unreadable
-    timestamp is a LayoutError naming the line. Each turn's id is its timestamp (unique within a
+    continues the previous one's text; one before any message, one starting with `[` that is not a
+    message, a number out of order, or a timestamp that is unreadable, zoned or not after the line before
+    is a LayoutError naming the line. Each turn's id is its timestamp (unique within a
     conversation, and the same when a message reappears as the next window's context); runs of messages
     0.5 s apart form one session, whose id is its first message's time. A `User` or `Assistant` has that
     role; anyone else is a participant."""
@@ -262,7 +270,7 @@ def read_lines(text: str) -> list[Turn]:
     for number, line in enumerate(text.splitlines(), start=1):
         match = LINE.match(line)
         if match is None:
-            if not turns:
+            if not turns or line.startswith("["):
                 raise LayoutError(
                     f"line {number} is not a message `[timestamp, Wkd] n.Speaker: text`: {line[:80]!r}"
                 )
@@ -274,6 +282,12 @@ def read_lines(text: str) -> list[Turn]:
             stamp = datetime.fromisoformat(match["stamp"].strip())
         except ValueError:
             raise LayoutError(f"line {number}: timestamp {match['stamp']!r} is not ISO 8601") from None
+        if stamp.tzinfo is not None:
+            raise LayoutError(
+                f"line {number}: timestamp {match['stamp']!r} has a time zone; theirs have none"
+            )
+        if turns and stamp <= datetime.fromisoformat(turns[-1].id):
+            raise LayoutError(f"line {number}: timestamp {match['stamp']!r} is not after the line before")
         speaker = match["speaker"].strip()
         role = speaker.casefold() if speaker.casefold() in ("user", "assistant") else "participant"
         turns.append(Turn(stamp.isoformat(), speaker, role, match["text"], "", stamp.isoformat()))
@@ -283,13 +297,14 @@ def read_lines(text: str) -> list[Turn]:
 
 
 def sessions(turns: list[Turn]) -> list[Turn]:
-    """Turns read from their layout (in time order) with their session ids: runs of messages 0.5 s
-    apart, each named by its first message's time. Given all of a conversation's turns, the ids agree
-    across its windows (one window that starts mid-session cannot tell where its session began)."""
+    """Turns read from their layout (in time order) with their session ids: runs of messages at most
+    `SESSION_GAP` apart (0.5 s per message; the LongMemEval variant hides the assistant's turns in
+    between), each named by its first message's time. Given all of a conversation's turns, the ids
+    agree across its windows (one window that starts mid-session cannot tell where its session began)."""
     out, session, previous = [], None, None
     for turn in turns:
         stamp = datetime.fromisoformat(turn.id)
-        if previous is None or stamp - previous != STEP:
+        if previous is None or not timedelta(0) < stamp - previous <= SESSION_GAP:
             session = turn.id
         previous = stamp
         out.append(replace(turn, session_id=session))
@@ -301,9 +316,9 @@ _CONTEXT_STATED = (
         r"\bmessages?\s+(?:#\s*)?1\s*(?:-|–|\.\.|to|through)\s*(\d+)\b[^.\n]*\bcontext", re.IGNORECASE
     ),
     re.compile(r"\bfirst\s+(\d+)\s+messages?\b[^.\n]*\bcontext", re.IGNORECASE),
-    re.compile(r"1\s*(?:-|–|~|到|至)\s*(\d+)\s*(?:条)?[^。\n]*上下文"),  # 消息 1-5 为上下文
+    re.compile(r"消息\s*(?:第\s*)?1\s*(?:-|–|~|到|至)\s*(\d+)\s*条?[^。\n]*上下文"),  # 消息 1-5 为上下文
 )
-_NO_CONTEXT = re.compile(r"\bevery message is new\b|\bno context\b", re.IGNORECASE)
+_NO_CONTEXT = re.compile(r"\bevery message is new\b", re.IGNORECASE)
 
 
 def stated_context(system: str) -> int | None:

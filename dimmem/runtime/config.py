@@ -78,8 +78,8 @@ class UpdateConfig(Section):
         0.6, description="consolidate with the closest candidate from this cosine on"
     )
     max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
-    paper_jaccard: float = Field(0.3, description="candidates paper: keyword Jaccard from this on")
-    paper_similarity: float = Field(0.7, description="candidates paper: cosine from this on")
+    paper_jaccard: float = Field(0.3, ge=0, le=1, description="candidates paper: keyword Jaccard from here")
+    paper_similarity: float = Field(0.7, ge=-1, le=1, description="candidates paper: cosine from this on")
 
 
 class PoolConfig(Section):

@@ -70,6 +70,8 @@ class EndpointExtractor:
         fmt = self.fmt
 
         def one(window: Window) -> dict | str:
+            if not fmt.citable(window):  # e.g. assistant turns only, to a format that shows user messages
+                return {"memories": []}
             try:
                 answer = self.client.json(
                     "extract",
