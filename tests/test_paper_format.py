@@ -458,6 +458,19 @@ def test_memory_runtime_over_an_extractor_that_speaks_their_format(memory_factor
     assert [v["properties"]["source_id"]["enum"] for v in items] == [[2]]
 
 
+def test_a_window_showing_no_new_message_is_not_asked():
+    """The LongMemEval variant shows user messages only: a window whose new part is the assistant's has
+    nothing to cite, so no request is sent (the endpoint here does not exist) and no memory comes back."""
+    turns = [
+        Turn("s1:1", "user", "user", "Any tips for Oslo?", "s1", "2024-01-05T09:00"),
+        Turn("s1:2", "assistant", "assistant", "Visit the Munch museum.", "s1", "2024-01-05T09:00"),
+    ]
+    windows = make_windows(Conversation("c", turns), 1, 0)
+    config = ModelConfig(base_url="http://127.0.0.1:9/v1", model="m", max_retries=0, timeout=1)
+    answers = EndpointExtractor(ModelClient(config), fmt=USER_ONLY)(windows[1:])
+    assert answers == {windows[1].id: {"memories": []}}
+
+
 def test_memory_config_selects_the_format():
     from dimmem.runtime.config import MemoryConfig
 
