@@ -1,7 +1,9 @@
 """The `dimmem` command: one subcommand per stage, each defined in its own package.
 
 Only the command that runs is imported (`dimmem --help` imports none of them), so the command starts at
-once whatever the stages need. `dimmem train` is TRL's own parser (`python -m train`)."""
+once whatever the stages need. The stages are found by module name (`COMMANDS`), never imported by
+the library: `dimmem` depends on no stage (.importlinter holds it). `dimmem train` is TRL's own parser
+(`python -m train`)."""
 
 from __future__ import annotations
 
@@ -51,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     from dimmem.errors import run_command
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:
-        from train.__main__ import main as train_main
-
-        return train_main(argv[1:])
+    if argv[:1] == ["train"]:  # TRL's parser takes the whole command line
+        return importlib.import_module(COMMANDS["train"][0]).main(argv[1:])
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
     return run_command(args.command, module.run, args)

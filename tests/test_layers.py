@@ -58,3 +58,27 @@ def test_import_contracts_are_kept():
         [str(lint_imports), "--no-cache"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_a_library_module_importing_a_stage_breaks_the_contracts(tmp_path):
+    """The contracts bite: the same tree with one `dimmem` module importing a stage fails lint-imports,
+    naming the library contract."""
+    import shutil
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", ".importlinter"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.split()
+    for name in tracked:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    paths = tmp_path / "dimmem" / "paths.py"
+    paths.write_text(paths.read_text() + "\nimport train.export  # noqa\n")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0 and "The library imports no stage BROKEN" in done.stdout, done.stdout[-3000:]
