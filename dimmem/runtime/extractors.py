@@ -73,13 +73,8 @@ class EndpointExtractor:
             if not fmt.citable(window):  # e.g. assistant turns only, to a format that shows user messages
                 return {"memories": []}
             try:
-                answer = self.client.json(
-                    "extract",
-                    fmt.messages(window),
-                    scope=window.scope,
-                    schema=fmt.response_format(window),
-                    decode=fmt.decode,
-                )
+                messages, schema = fmt.messages(window), fmt.response_format(window)
+                answer = self.client.json("extract", messages, schema=schema, decode=fmt.decode)
             except ModelError as exc:
                 return f"{window.id}: {exc}"
             return fmt.to_contract(answer, window)

@@ -172,7 +172,7 @@ def normalized_content(text: str) -> str:
     return " ".join(_WORD.findall(text.casefold()))
 
 
-FUSIONS = {"score": score_fusion, "rrf": rrf, "dedup": dedup}
+FUSIONS = {"score": score_fusion, "rrf": rrf}  # and `dedup`, which takes its own cut (`fuse`)
 
 
 def fuse(
