@@ -91,7 +91,7 @@ demo-pretrained: install
 # (skips with a hint when .venv-vllm is absent: `make serve-cpu` builds it)
 demo-serve: install
 	rm -rf $(RUNS)/serve
-	$(BIN)/python -m serve.demo --export $(RUNS)/export-tiny --config configs/serve/demo.yaml --out $(RUNS)/serve
+	$(BIN)/python -m devtools.serve_demo --export $(RUNS)/export-tiny --config configs/serve/demo.yaml --out $(RUNS)/serve
 
 # the integration tests serve the tiny model with vLLM on CPU: they need .venv-vllm, and fail without it
 test: install lint serve-cpu browser
@@ -105,14 +105,14 @@ browser:
 
 # the inspector's pages as PNGs for docs/inspect.md and the README (over a small generated pipeline run)
 inspect-screenshots: install browser
-	$(BIN)/python -m inspector.screenshots --out docs/img
+	$(BIN)/python -m devtools.screenshots --out docs/img
 
 test-fast: install
 	$(BIN)/python -m pytest -q
 
 bench-datagen: install
-	$(BIN)/python -m data_gen.bench --latency 2.0 --concurrency 1,8,64
-	$(BIN)/python -m data_gen.bench --latency 0.5 --concurrency 1,8,64
+	$(BIN)/python -m benchmarks.datagen --latency 2.0 --concurrency 1,8,64
+	$(BIN)/python -m benchmarks.datagen --latency 0.5 --concurrency 1,8,64
 
 # extraction scored against LoCoMo's own annotations: the rule extractor on all ten conversations, and
 # (after `make demo`) the untrained and trained tiny models on two (eval/extraction_locomo.py)
@@ -127,28 +127,28 @@ bench-retrieval: install
 	for memories in turns observations; do \
 		$(BIN)/dimmem eval retrieval --input $(SHARED)/locomo/locomo10.json --memories $$memories --k 5,10,20 \
 			--out runs/bench/retrieval-$$memories.json; \
-		$(BIN)/python -m eval.bench_lexical --memories $$memories; \
+		$(BIN)/python -m benchmarks.lexical --memories $$memories; \
 	done
 
 # search by store and user size, both backends (Postgres up to 1e5 records: it fills at ~10^2 records/s here)
 bench-runtime: install
-	$(BIN)/python -m eval.bench_embed --out runs/bench/embed.json
-	$(BIN)/python -m eval.bench_runtime --sizes 1000,10000,100000,1000000 --spread 100000/100,1000000/1000 \
+	$(BIN)/python -m benchmarks.embed --out runs/bench/embed.json
+	$(BIN)/python -m benchmarks.runtime --sizes 1000,10000,100000,1000000 --spread 100000/100,1000000/1000 \
 		--stores sqlite,postgres --postgres-max 100000 --queries 200 --ingest 2000 --out runs/bench/runtime.json
 
 # a 100k-window datagen output (generated once), and how fast the inspector opens its window list
 bench-inspect: install
-	$(BIN)/python -m inspector.bench --windows 100000 --out runs/bench/inspect-100k --json runs/bench/inspect.json
+	$(BIN)/python -m benchmarks.inspector --windows 100000 --out runs/bench/inspect-100k --json runs/bench/inspect.json
 
-# the tiny CPU training profile, each throughput setting off and on, side by side (train/bench_cpu.py)
+# the tiny CPU training profile, each throughput setting off and on, side by side (benchmarks/train_cpu.py)
 bench-train: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
-	$(BIN)/python -m train.bench_cpu --rounds 2 --json runs/bench/train-cpu.json
+	$(BIN)/python -m benchmarks.train_cpu --rounds 2 --json runs/bench/train-cpu.json
 
 # the same for the pretrained student's profile (SmolLM2-135M, ~30-65 s a step here: one round of 3 steps)
 bench-train-pretrained: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
-	$(BIN)/python -m train.bench_cpu --profile configs/train/smollm2-135m.yaml \
+	$(BIN)/python -m benchmarks.train_cpu --profile configs/train/smollm2-135m.yaml \
 		--bench-config configs/train/smollm2-135m-bench.yaml --rounds 1 --json runs/bench/train-cpu-smollm2.json
 
 # a profile with a checkpoint every CKPT_EVERY steps: each one's extraction quality against the retrieval
@@ -178,12 +178,12 @@ bench-checkpoints-pretrained:
 		CKPT_EVERY=20 CKPT_STEPS="20 40 60"
 
 bench-load: install
-	$(BIN)/python -m serve.bench_load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20 \
+	$(BIN)/python -m benchmarks.load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20 \
 		--out runs/bench/load-backends.json
 
 # add through the demo's tiny extractor served by vLLM on CPU (after `make demo`)
 bench-load-served: install serve-cpu
-	$(BIN)/python -m serve.bench_load --served $(RUNS)/export-tiny --clients 1,4 --seconds 30 --out runs/bench/load-served.json
+	$(BIN)/python -m benchmarks.load --served $(RUNS)/export-tiny --clients 1,4 --seconds 30 --out runs/bench/load-served.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs

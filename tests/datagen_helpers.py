@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx2
 
 from data_gen.config import DatagenConfig
-from data_gen.fake_teacher import FakeTeacher, FakeTeacherProcess
 from data_gen.jobs import extract_jobs
 from data_gen.run import load_source
+from devtools.fake_teacher import FakeTeacher, FakeTeacherProcess
 
 
 def toy_config(out, **teacher) -> DatagenConfig:

@@ -8,9 +8,9 @@ import pytest
 from datagen_helpers import mock_client, toy_config, window_marker
 from datasets import load_from_disk
 
-from data_gen.fake_teacher import FakeTeacher
 from data_gen.jobs_index import COLUMNS, INDEX, JOBS, KEY
 from data_gen.run import run
+from devtools.fake_teacher import FakeTeacher
 from dimmem.jsonl_index import write_jsonl
 from dimmem.llm import FatalModelError, RateLimiter
 

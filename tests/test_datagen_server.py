@@ -152,10 +152,10 @@ def test_unreachable_endpoint_quarantines_with_reason(tmp_path):
 
 
 def test_small_context_server_clamps_and_says_what_cannot_fit(tmp_path):
-    """`python -m data_gen.fake_teacher --max-model-len`: vLLM's 400s over HTTP. Truncated answers are
+    """`python -m devtools.fake_teacher --max-model-len`: vLLM's 400s over HTTP. Truncated answers are
     re-asked within the context and label; with a context smaller than the prompts, every window is
     quarantined saying it does not fit (not request_failed), and the run still finishes."""
-    from data_gen.fake_teacher import FakeTeacherProcess
+    from devtools.fake_teacher import FakeTeacherProcess
 
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"Conversation toy-0001 ": ["truncated", "ok"]}))

@@ -230,7 +230,7 @@ def test_dataset_against_itself_is_perfect_and_compare_shows_deltas(toy_dataset,
 def test_endpoint_mode_caches_and_resumes(toy_dataset, tmp_path):
     from datagen_helpers import mock_client
 
-    from data_gen.fake_teacher import FakeTeacher
+    from devtools.fake_teacher import FakeTeacher
     from dimmem.cache import ResponseCache
     from dimmem.llm import ModelClient, ModelConfig
     from eval.extraction import evaluate, load_references, predict_endpoint

@@ -13,14 +13,14 @@ import httpx2
 import pytest
 from datagen_helpers import mock_client, toy_config, window_marker
 
-from data_gen.fake_teacher import FakeTeacher
 from data_gen.jobs_index import COLUMNS, HEAD, INDEX, JOBS, KEY
 from data_gen.run import run as datagen
+from devtools.browser import chromium, served
+from devtools.fake_teacher import FakeTeacher
+from devtools.sample_run import INVENTED, eval_run, memory_store, perturbed
 from dimmem.jsonl_index import JsonlIndex
-from inspector.browser import chromium, served
 from inspector.cli import open_all
 from inspector.config import InspectConfig
-from inspector.sample import INVENTED, eval_run, memory_store, perturbed
 
 REPAIRED, QUARANTINED = (0, 1), (1, 1)  # (conversation, window) the teacher gets wrong first / twice
 

@@ -11,8 +11,8 @@ import pytest
 from datagen_helpers import mock_client
 
 from data_gen.config import DatagenConfig
-from data_gen.fake_teacher import FakeTeacher
 from data_gen.run import run
+from devtools.fake_teacher import FakeTeacher
 from dimmem.contract.toyworld import generate_dialogue
 from dimmem.llm import FatalModelError, ModelClient, ModelConfig, ModelError
 from dimmem.runtime.consolidate import ModelConsolidator

@@ -13,9 +13,9 @@ import pytest
 from datagen_helpers import mock_client
 
 from data_gen.cli import main as datagen_main
-from data_gen.fake_teacher import FakeTeacher
 from data_gen.overlap import check_overlap, train_conversations
 from data_gen.paper_dataset import template_of
+from devtools.fake_teacher import FakeTeacher
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.formats import extract_format
 from dimmem.contract.loaders.locomo import load_locomo

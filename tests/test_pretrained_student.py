@@ -205,8 +205,8 @@ def test_a_few_steps_change_the_base_and_the_export_says_where_it_came_from(stud
 def test_the_student_serves_on_vllm_and_behind_the_memory_service(student, tmp_path):
     """vLLM on CPU serves the merged student under structured outputs: what it answers parses and meets the
     schema; `dimmem serve api` over it adds a toy conversation and finds a stored record by its content."""
+    from devtools.serve_demo import CONVERSATION_INDEX, toy_messages
     from eval.cli import main as evaluate
-    from serve.demo import CONVERSATION_INDEX, toy_messages
 
     port = free_port()
     with vllm_service(tmp_path / "vllm.log", port=port, model=str(student["export"])):

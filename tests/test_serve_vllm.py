@@ -318,7 +318,7 @@ def test_served_model_spoken_to_in_the_authors_format(served, exports, tmp_path)
 def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
     """`dimmem serve api` with configs/memory/served-tiny.yaml pointed at the server: a new conversation
     is added, a stored memory is found by search, the other tenant sees none of it."""
-    from serve.demo import CONVERSATION_INDEX, toy_messages
+    from devtools.serve_demo import CONVERSATION_INDEX, toy_messages
 
     _, url = served
     memory = yaml.safe_load((CONFIG_DIR / "memory" / "served-tiny.yaml").read_text())

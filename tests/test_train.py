@@ -435,7 +435,7 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
 def test_cpu_benchmark_runs_its_variants_side_by_side(tiny_setup, tmp_path):
     """Two variants, one step each after a warm-up step, one round: the table has both, in the config's
     order, with the ratios to the first (a single step says nothing about speed or padding)."""
-    from train.bench_cpu import main
+    from benchmarks.train_cpu import main
 
     root, config = tiny_setup
     bench = tmp_path / "bench.yaml"

@@ -1,7 +1,7 @@
 """Load benchmark of the HTTP memory service on loopback: concurrent clients, bounded in count and time.
 
-    python -m serve.bench_load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20
-    python -m serve.bench_load --served runs/demo/export-tiny --clients 1,4 --seconds 30
+    python -m benchmarks.load --deployments sqlite:1,postgres:1,postgres:2 --clients 1,4,16 --seconds 20
+    python -m benchmarks.load --served runs/demo/export-tiny --clients 1,4 --seconds 30
 
 For each deployment (`STORE:WORKERS`: SQLite in one process, or Postgres with N worker processes on an
 embedded server, fsync on, connected as the runtime's login role) starts `dimmem serve api` over a fresh
@@ -37,10 +37,10 @@ import httpx2
 import numpy as np
 import yaml
 
+from devtools.serve_demo import toy_messages
 from dimmem.contract.loaders import conversation_messages, load_conversations
 from dimmem.launch import Service, free_port
 from dimmem.paths import CONFIG_DIR, shared_data, write_json
-from serve.demo import toy_messages
 from serve.vllm import vllm_service
 
 KEY = "bench-key"
@@ -179,7 +179,7 @@ async def add_with_a_worker_killed(url: str, server: Service, clients: int, seco
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m serve.bench_load",
+        prog="python -m benchmarks.load",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

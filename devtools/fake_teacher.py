@@ -11,7 +11,7 @@ With `max_model_len` it is a server with a small context, as vLLM is: a request 
 prompt plus `max_tokens`, exceeds it gets vLLM's own 400 messages (prompt tokens counted as characters
 / 4, as in `usage`), and `/v1/models` reports it.
 
-    python -m data_gen.fake_teacher --port 8011 --latency 0.05 [--script faults.json] [--max-model-len N]
+    python -m devtools.fake_teacher --port 8011 --latency 0.05 [--script faults.json] [--max-model-len N]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from pathlib import Path
 
 import httpx2
 from fastapi import FastAPI, Request, UploadFile
@@ -34,6 +36,8 @@ from fastapi.responses import JSONResponse, Response
 
 from dimmem.launch import Service, free_port
 
+# devtools is not installed: the server process finds it in the checkout this file is in, whatever its cwd
+CHECKOUT = Path(__file__).resolve().parent.parent
 _NEW_TURN = re.compile(r"^(t\d+) (\S+): (.+)$", re.MULTILINE)
 
 
@@ -314,7 +318,7 @@ class FakeTeacherProcess(Service):
         command = [
             sys.executable,
             "-m",
-            "data_gen.fake_teacher",
+            "devtools.fake_teacher",
             "--port",
             str(self.port),
             "--latency",
@@ -325,10 +329,12 @@ class FakeTeacherProcess(Service):
         if not log:
             with tempfile.NamedTemporaryFile(prefix="fake-teacher-", suffix=".log", delete=False) as handle:
                 log = handle.name
+        search_path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
         super().__init__(
             command,
             f"http://127.0.0.1:{self.port}/stats",
             log,
+            env={"PYTHONPATH": search_path},
             startup_timeout=start_timeout,
             name="fake teacher",
         )

@@ -1,7 +1,7 @@
 """Memory runtime benchmark: search latency by store size and by user size, ingest throughput, store
 size on disk, and the update path's embedding comparisons against comparing with every stored record.
 
-    python -m eval.bench_runtime --sizes 1000,10000,100000,1000000 --spread 1000000/1000 \\
+    python -m benchmarks.runtime --sizes 1000,10000,100000,1000000 --spread 1000000/1000 \\
         --stores sqlite,postgres --out runs/bench/runtime.json
 
 Stores are filled with LoCoMo turn texts, each varied by two extra words, with their real MiniLM vectors
@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from benchmarks.lexical import SharedFTS5
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.paths import shared_data, write_json
@@ -44,7 +45,6 @@ from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
 from dimmem.runtime.stores import open_store
-from eval.bench_lexical import SharedFTS5
 from eval.retrieval import observation_records
 
 TYPES = ("episodic", "fact", "profile")
@@ -366,7 +366,7 @@ def format_tables(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eval.bench_runtime",
+        prog="python -m benchmarks.runtime",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

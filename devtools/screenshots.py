@@ -1,7 +1,7 @@
 """The inspector's main pages as small PNGs for the docs, taken by the headless Chromium the browser tests
-use, over the sample run (`inspector.sample`) and a LoCoMo benchmark run built in a temporary folder.
+use, over the sample run (`devtools.sample_run`) and a LoCoMo benchmark run built in a temporary folder.
 
-    python -m inspector.screenshots --out docs/img      (`make inspect-screenshots`)
+    python -m devtools.screenshots --out docs/img      (`make inspect-screenshots`)
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/img", help="folder for the PNGs")
     args = parser.parse_args(argv)
-    from inspector.browser import chromium, served
+    from devtools.browser import chromium, served
+    from devtools.sample_run import build
     from inspector.cli import open_all
     from inspector.config import InspectConfig
-    from inspector.sample import build
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """The demo's last step: the exported extractor served by vLLM, the memory service in front of it, and
 one new conversation through both.
 
-    python -m serve.demo --export runs/demo/export-tiny --config configs/serve/demo.yaml --out runs/demo/serve
+    python -m devtools.serve_demo --export runs/demo/export-tiny --config configs/serve/demo.yaml \\
+        --out runs/demo/serve
 
 Starts `dimmem serve vllm` on the port the memory config's `model.base_url` names and `dimmem serve api`
 with a one-off API key, posts a toy conversation the model never saw (POST /v1/memories), asks the
@@ -127,7 +128,9 @@ def run(export: str, config_path: str, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m serve.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m devtools.serve_demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--export", required=True, help="a merged export folder (dimmem export --merge)")
     parser.add_argument("--config", required=True, help="the memory service's config (configs/serve/*.yaml)")
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         OSError,
         ValueError,
     ) as exc:  # a server that would not start says why in its log tail
-        print(f"serve.demo: {exc}", file=sys.stderr)
+        print(f"devtools.serve_demo: {exc}", file=sys.stderr)
         return 1
     write_json(Path(args.out) / "demo.json", result)
     return 0

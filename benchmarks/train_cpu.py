@@ -5,7 +5,7 @@ Every variant of `configs/train/tiny-bench.yaml` trains the tiny profile for a f
 machine falls on all of them); the table sums each variant's rounds and gives the ratios to the first
 (baseline) variant: real tokens per second of wall time and of process CPU time, padding efficiency.
 
-    python -m train.bench_cpu --rounds 2 --json runs/bench/train-cpu.json
+    python -m benchmarks.train_cpu --rounds 2 --json runs/bench/train-cpu.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The inspector served in a background thread, and headless Chromium to look at it: what the browser
-tests, the screenshots (`python -m inspector.screenshots`) and the benchmark share.
+tests, the screenshots (`python -m devtools.screenshots`) and the benchmark share.
 
 Chromium and its driver are Debian's (`apt-get install chromium chromium-driver`, `make browser`);
 selenium drives them. A missing browser is an error, never a skip."""

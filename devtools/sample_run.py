@@ -2,9 +2,9 @@
 eval runs scored against its test split (the teacher's own answers, and a perturbed copy), and a memory
 store loaded from its labels with the conversations' turns and one record edited.
 
-    python -m inspector.sample OUT      # prints the `dimmem inspect ...` command that opens it
+    python -m devtools.sample_run OUT      # prints the `dimmem inspect ...` command that opens it
 
-The screenshots (`python -m inspector.screenshots`) and the browser tests are made over these."""
+The screenshots (`python -m devtools.screenshots`) and the browser tests are made over these."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ wrote beside jobs.jsonl), the first request for the window list after the server
 a filtered list, the last page and one window; and, for an output written without that index, the scan
 that builds one and a later start that finds it cached.
 
-    python -m inspector.bench [--windows 100000] [--out runs/bench/inspect-100k]   (`make bench-inspect`)
+    python -m benchmarks.inspector [--windows 100000] [--out runs/bench/inspect-100k]   (`make bench-inspect`)
 
 The output folder is generated once and reused; the scanned index is rebuilt cold in a fresh folder each
 run.
@@ -58,7 +58,7 @@ def measure(out: Path, repeats: int) -> dict:
 
     import inspector.app  # noqa: F401 - imported before the clock starts: the index is what is timed
     from data_gen.jobs_index import INDEX, JOBS
-    from inspector.browser import served
+    from devtools.browser import served
     from inspector.cli import open_all
     from inspector.config import InspectConfig
 

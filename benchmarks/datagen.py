@@ -1,10 +1,10 @@
 """Labeling throughput against a local OpenAI-compatible server with a fixed latency.
 
-Starts `data_gen.fake_teacher` in its own process, then labels the same toy windows at each concurrency
+Starts `devtools.fake_teacher` in its own process, then labels the same toy windows at each concurrency
 with a fresh store (nothing cached) through the real client, validator and store, and prints windows/s
 next to the ideal min(concurrency, windows) / latency.
 
-    python -m data_gen.bench --latency 2.0 --concurrency 1,8,64
+    python -m benchmarks.datagen --latency 2.0 --concurrency 1,8,64
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 import psutil
 
 from data_gen.config import DatagenConfig
-from data_gen.fake_teacher import FakeTeacherProcess
 from data_gen.jobs import extract_jobs
 from data_gen.labeler import Labeler, label_all
 from data_gen.run import load_source
 from data_gen.store import JobStore
 from data_gen.teacher import ModelTeacher
+from devtools.fake_teacher import FakeTeacherProcess
 from dimmem.cache import ResponseCache
 from dimmem.llm import ModelClient
 

@@ -6,7 +6,7 @@ overrides in `configs/train/qwen3-4b-bench.yaml`, and those of one of its named 
 answer-only logits, Liger kernels, activation checkpointing off, 12k tokens). Prints and writes tokens/s
 (steady state, after `--warmup` steps), peak GPU memory and MFU.
 
-    python -m train.bench_gpu --tokenizer PATH --work /tmp/bench --variant liger --json bench.json
+    python -m benchmarks.train_gpu --tokenizer PATH --work /tmp/bench --variant liger --json bench.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The lexical path before and after the per-user index, on LoCoMo, side by side in one run.
 
-    python -m eval.bench_lexical --memories observations
-    python -m eval.bench_lexical --memories turns
+    python -m benchmarks.lexical --memories observations
+    python -m benchmarks.lexical --memories turns
 
 Recall@10 of the BM25 path alone (questions of categories 1-4, each conversation one user, added in
 order as `dimmem eval retrieval` adds them) for:
@@ -69,7 +69,7 @@ def questions(conv) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eval.bench_lexical",
+        prog="python -m benchmarks.lexical",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

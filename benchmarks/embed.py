@@ -1,7 +1,7 @@
 """The embedder, side by side in one run: sentence-transformers (torch, the reference) against the ONNX
 Runtime backend in fp32 and int8, and concurrent queries with and without the `Batcher`.
 
-    python -m eval.bench_embed --out runs/bench/embed.json
+    python -m benchmarks.embed --out runs/bench/embed.json
 
 For each variant: the cold start (a fresh process: imports, model load, first vector; the ONNX export
 already cached), one query at a time (200 LoCoMo questions, p50/p95), ingest (LoCoMo turns in the
@@ -23,11 +23,11 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from benchmarks.runtime import percentiles
 from dimmem.contract.loaders import load_conversations
 from dimmem.paths import REPO_ROOT, shared_data, write_json
 from dimmem.runtime.embed import Batcher, make_embedder
 from dimmem.runtime.memory import Memory
-from eval.bench_runtime import percentiles
 from eval.retrieval import run_locomo
 
 VARIANTS = {
@@ -82,7 +82,7 @@ def concurrent(encode, questions: list[str], threads: int, seconds: float) -> di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eval.bench_embed",
+        prog="python -m benchmarks.embed",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
