@@ -60,9 +60,18 @@ def test_import_contracts_are_kept():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
-def test_a_library_module_importing_a_stage_breaks_the_contracts(tmp_path):
-    """The contracts bite: the same tree with one `dimmem` module importing a stage fails lint-imports,
-    naming the library contract."""
+@pytest.mark.parametrize(
+    "module, imported, contract",
+    [
+        ("dimmem/paths.py", "train.export", "The library imports no stage"),
+        ("serve/app.py", "devtools.fake_teacher", "The product imports no benchmark or dev tool"),
+        ("data_gen/run.py", "benchmarks.datagen", "The product imports no benchmark or dev tool"),
+    ],
+    ids=["library-stage", "serve-fake-teacher", "datagen-benchmark"],
+)
+def test_a_forbidden_import_breaks_the_contracts(tmp_path, module, imported, contract):
+    """The contracts bite: the same tree with one module importing what it must not fails lint-imports,
+    naming the contract that forbids it."""
     import shutil
 
     tracked = subprocess.run(
@@ -71,8 +80,8 @@ def test_a_library_module_importing_a_stage_breaks_the_contracts(tmp_path):
     for name in tracked:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / name, tmp_path / name)
-    paths = tmp_path / "dimmem" / "paths.py"
-    paths.write_text(paths.read_text() + "\nimport train.export  # noqa\n")
+    path = tmp_path / module
+    path.write_text(path.read_text() + f"\nimport {imported}  # noqa\n")
     done = subprocess.run(
         [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
         cwd=tmp_path,
@@ -81,4 +90,4 @@ def test_a_library_module_importing_a_stage_breaks_the_contracts(tmp_path):
         text=True,
         timeout=300,
     )
-    assert done.returncode != 0 and "The library imports no stage BROKEN" in done.stdout, done.stdout[-3000:]
+    assert done.returncode != 0 and f"{contract} BROKEN" in done.stdout, done.stdout[-3000:]
