@@ -49,7 +49,7 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
 - Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
 - A search embeds its query and runs the dense path in a helper thread while it runs the lexical and
   dimension paths under the store lock; the dense path takes no store lock where the store reads its
-  vectors through a connection of its own (`Store.concurrent_dense`).
+  vectors through a connection of its own (`RecordLog.concurrent_dense`).
 So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
 processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
 one user on Postgres, in any process, by the user's row lock (`stores.postgres`).
@@ -87,7 +87,7 @@ from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor, keep_valid
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
-from dimmem.runtime.stores import Store
+from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
@@ -162,7 +162,7 @@ class Memory:
         client = None  # one client for the 'model' components: one rate limit, one usage count
         if any(component is None and getattr(config, name) == "model" for name, component in given.items()):
             client = config.client()
-        self.store: Store = config.open_store()
+        self.store: RecordLog = config.open_store()
         self.embedder = embedder or config.build_embedder()
         self.extractor = extractor or config.build_extractor(client)
         self.query_parser = query_parser or config.build_query_parser(client)
@@ -563,7 +563,7 @@ class Memory:
         """Each retrieval path's ranking on its own: [(record id, score)], best first. The query's
         embedding (unless given) is computed by a helper thread while the lexical and dimension paths
         run: they need no vector. The dense path follows the embedding in that thread, under no lock of
-        this runtime's where the store allows it (`Store.concurrent_dense`)."""
+        this runtime's where the store allows it (`RecordLog.concurrent_dense`)."""
         depth = self.config.retrieval.depth
         dense_lock = nullcontext() if self.store.concurrent_dense else self._store_lock
 
