@@ -529,6 +529,17 @@ def test_the_store_url_can_come_from_an_environment_variable(tmp_path, embedder,
     monkeypatch.setenv("DIMMEM_TEST_STORE", f"sqlite:///{tmp_path / 'env.sqlite'}")
     memory = Memory(config, embedder=embedder)  # the variable wins over `store`
     assert memory.store.url == str(tmp_path / "env.sqlite") and not (tmp_path / "unused.sqlite").exists()
+    memory.close()
+    # a store the command names wins over the variable, in every command
+    file = tmp_path / "env.yaml"
+    file.write_text("store_env: DIMMEM_TEST_STORE\n")
+    named = Memory.from_config(file, store=str(tmp_path / "named.sqlite"), embedder=embedder)
+    assert named.store.url == str(tmp_path / "named.sqlite")
+    named.close()
+    from dimmem.runtime.cli import main as memory_cli
+
+    assert memory_cli(["migrate", "--config", str(file), "--store", str(tmp_path / "m.sqlite")]) == 0
+    assert (tmp_path / "m.sqlite").exists()
     monkeypatch.setenv("DIMMEM_TEST_STORE", "mysql://db")
     with pytest.raises(ValueError, match="DIMMEM_TEST_STORE: 'mysql' stores are not supported"):
         config.store_url()

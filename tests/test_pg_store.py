@@ -479,10 +479,11 @@ def test_the_connection_pool_is_sized_by_the_memory_config(url):
         MemoryConfig(store=url, pool={"min": 4, "max": 2})
 
 
-def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkeypatch):
-    """A database at schema 2 (tsvector BM25) with records of two tenants upgrades in place: the
-    migration stamps every tenant's records though row-level security hides them from the owner, and
-    each tenant's lexical search finds its own active records at once."""
+def test_upgrade_numbers_every_tenants_records_and_moves_their_vectors(url, monkeypatch):
+    """A database at schema 2 (tsvector BM25, embeddings in `records`) with records of two tenants
+    upgrades in place: the migrations stamp every tenant's records and move the active ones' vectors to
+    `record_vectors` though row-level security hides them from the owner, and each tenant's lexical and
+    dense searches find its own active records at once."""
     shipped = migrations()
     monkeypatch.setattr(schema, "migrations", lambda dialect: shipped[:2])
     PostgresStore(url, migrate=False).migrate()
@@ -495,9 +496,9 @@ def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkey
             conn.execute("SELECT set_config('dimmem.tenant', %s, false)", (tenant,))
             conn.execute(
                 "INSERT INTO records (user_id, id, type, speaker, content, keywords, source_turns, created, "
-                "updated, version, status) VALUES (%s, %s, 'episodic', 'Ann', %s, '{hiking}', '{D1:1}', 1, "
-                "1, 1, %s)",
-                (user, rid, content, status),
+                "updated, version, status, embedding) VALUES (%s, %s, 'episodic', 'Ann', %s, '{hiking}', "
+                "'{D1:1}', 1, 1, 1, %s, %s::vector)",
+                (user, rid, content, status, unit(len(rid)).tolist() if status == "active" else None),
             )
             conn.execute("INSERT INTO user_stats (user_id) VALUES (%s) ON CONFLICT DO NOTHING", (user,))
     monkeypatch.setattr(schema, "migrations", lambda dialect: shipped)
@@ -505,6 +506,8 @@ def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkey
     assert store.schema_version() == len(shipped)
     assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1"]
     assert [rid for rid, _ in store.lexical("zeta/bob", "hiking Alps", 10)] == ["b1"]
+    assert [rid for rid, _ in store.dense("acme/ann", unit(2), 10)] == ["a1"]
+    assert [rid for rid, _ in store.dense("zeta/bob", unit(2), 10)] == ["b1"]
     store.insert("acme/ann", record("a3", "Ann hiked Half Dome", ["hiking"]), unit(3))
     assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1", "a3"]
     with psycopg.connect(url) as conn:  # RLS forced again after the migration lifted it
@@ -513,3 +516,31 @@ def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkey
         ).fetchone()[0]
     assert forced
     store.close()
+
+
+def test_an_owner_that_may_not_create_the_runtime_role_is_stopped_before_anything_applies(tmp_path):
+    """On a cluster without dimmem_runtime, an owner without CREATEROLE gets an error naming the one
+    statement a superuser runs, with nothing applied; once the role exists the same migrate runs through."""
+    from pg_server import start
+
+    from dimmem.runtime.stores.embedded import with_user
+
+    server = start(tmp_path / "data")  # a cluster of its own: the session's already has the role
+    try:
+        url = server.database("owned")
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE owner LOGIN")
+            conn.execute('ALTER DATABASE "owned" OWNER TO owner')
+        owner = with_user(url, "owner")
+        with pytest.raises(
+            SchemaError, match="dimmem_runtime is missing.*CREATE ROLE dimmem_runtime NOLOGIN"
+        ):
+            PostgresStore(owner, tenant="a")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 0
+            conn.execute("CREATE ROLE dimmem_runtime NOLOGIN")
+        store = PostgresStore(owner, tenant="a")
+        assert store.ping() and store.schema_version() == len(migrations())
+        store.close()
+    finally:
+        server.stop()

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from functools import cache
 
-from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.contract.records import DIMENSIONS
 
 _TOKEN = re.compile(r"[^\W_]+")
 _STOPWORDS = """
@@ -35,11 +35,9 @@ def terms(text: str) -> Counter[str]:
     return Counter(_stemmer().stemWords(words))
 
 
-# A record's indexed text: every contract field that says what the memory is about (content, the
-# dimensions, keywords); not who said it, its type, its time (the dimension path's) or its pointer
-FIELDS: tuple[str, ...] = tuple(
-    f for f in MEMORY_FIELDS if f not in ("source_turns", "speaker", "type", "time")
-)
+# A record's indexed text: what the memory is about (content, the free-text dimensions, keywords); not
+# who said it, its type, its time (the dimension path's) or its pointer
+FIELDS: tuple[str, ...] = ("content", *DIMENSIONS, "keywords")
 
 
 def document(record: dict) -> Counter[str]:

@@ -37,7 +37,7 @@ from dimmem.runtime.stores.indexes import open_indexes
 
 STATUSES_LEFT = ("superseded", "merged", "deleted")  # what an active record can become
 _SELECT = ", ".join(f'"{c}"' for c in schema.COLUMNS)  # (quoted: `time` is a keyword in Postgres)
-_INSERT_RECORD = f"INSERT INTO records ({_SELECT}) VALUES ({', '.join('?' * len(schema.COLUMNS))})"
+_INSERT_RECORD = f"INSERT INTO records ({_SELECT}, seq) VALUES ({', '.join('?' * (len(schema.COLUMNS) + 1))})"
 _TURN_COLUMNS = (
     "conversation_id",
     "turn_id",
@@ -115,10 +115,10 @@ class RecordLog:
             "version": 1,
             "status": "active",
         }
-        with self.dialect.cursor(user_id, write=True) as sql:
-            sql.run(_INSERT_RECORD, [row[c] for c in schema.COLUMNS])
-            self._index(sql, user_id, record, vector)
-            self._snapshot(sql, user_id, record["id"], 1, action, now)
+        with self.dialect.cursor(user_id, write=True) as sql:  # stamped as it lands: one write fewer
+            sql.run(_INSERT_RECORD, [*(row[c] for c in schema.COLUMNS), self._next_seq(sql, user_id)])
+            self._index(sql, user_id, record, vector, stamp=False)
+            self._snapshot(sql, user_id, record["id"], 1, action, now, self._decode(row))
 
     def revise(
         self, user_id: str, record_id: str, fields: dict, vector: np.ndarray | None, action: str
@@ -184,7 +184,9 @@ class RecordLog:
             raise RecordStateError(record_id, current["status"], operation)
         return current
 
-    def _index(self, sql: Sql, user_id: str, record: dict, vector: np.ndarray | None) -> None:
+    def _index(
+        self, sql: Sql, user_id: str, record: dict, vector: np.ndarray | None, stamp: bool = True
+    ) -> None:
         sql.many(
             "INSERT INTO record_keywords (user_id, type, keyword, record_id) VALUES (?,?,?,?)",
             [
@@ -192,7 +194,8 @@ class RecordLog:
                 for k in sorted({k.casefold() for k in record["keywords"]})
             ],
         )
-        self._stamp(sql, user_id, record["id"])
+        if stamp:
+            self._stamp(sql, user_id, record["id"])
         for index in self.indexes.values():
             index.upsert(sql, user_id, record, vector)
 
@@ -204,15 +207,30 @@ class RecordLog:
 
     def _stamp(self, sql: Sql, user_id: str, record_id: str) -> None:
         """The record gets the user's next change number: every process's in-process indexes re-read it."""
-        (seq,) = sql.row(
+        sql.run(
+            "UPDATE records SET seq=? WHERE {user} AND id=?",
+            (self._next_seq(sql, user_id), user_id, record_id),
+        )
+
+    def _next_seq(self, sql: Sql, user_id: str) -> int:
+        return sql.row(
             "INSERT INTO user_stats (user_id, seq) VALUES (?, 1) "
             f"ON CONFLICT ({self.dialect.user_key}) DO UPDATE SET seq = user_stats.seq + 1 RETURNING seq",
             (user_id,),
-        ).values()
-        sql.run("UPDATE records SET seq=? WHERE {user} AND id=?", (seq, user_id, record_id))
+        )["seq"]
 
-    def _snapshot(self, sql: Sql, user_id: str, record_id: str, version: int, action: str, at: float) -> None:
-        snapshot = self._decode(
+    def _snapshot(
+        self,
+        sql: Sql,
+        user_id: str,
+        record_id: str,
+        version: int,
+        action: str,
+        at: float,
+        row: dict | None = None,
+    ) -> None:
+        """The record's version in its history: `row` (as `get` returns it), else read back."""
+        snapshot = row or self._decode(
             sql.row(f"SELECT {_SELECT} FROM records WHERE {{user}} AND id=?", (user_id, record_id))
         )
         sql.run(
@@ -562,7 +580,7 @@ class RecordLog:
                 )  # indexes start over
             for record in data["records"]:
                 row = {**record, **self._encode(schema.row(record)), "user_id": user_id}
-                sql.run(_INSERT_RECORD, [row[c] for c in schema.COLUMNS])
+                sql.run(_INSERT_RECORD, [*(row[c] for c in schema.COLUMNS), 0])  # (stamped when indexed)
                 if record["status"] == "active":
                     self._index(sql, user_id, record, data["vectors"].get(record["id"]))
             sql.many(

@@ -256,6 +256,8 @@ class PostgresDialect:
                             "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
                         )
                 return len(pending)
+            except psycopg.errors.RaiseException as err:  # a migration's own refusal says what to do
+                raise SchemaError(f"{step}: {err.diag.message_primary} ({err.diag.message_hint})") from None
             except psycopg.errors.InsufficientPrivilege as err:
                 raise SchemaError(
                     f"schema at version {max(done, default=0)} of {len(migrations)}, and this role may not "
