@@ -517,7 +517,7 @@ def test_memory_config_defaults_and_overrides(tmp_path, embedder):
 
 
 def test_the_store_url_can_come_from_an_environment_variable(tmp_path, embedder, monkeypatch):
-    from dimmem.runtime.config import MemoryConfig
+    from dimmem.runtime.config import MemoryConfig, load_memory_config
 
     assert (
         MemoryConfig(store="postgresql://app:secret@db/mem").store_url() == "postgresql://app:secret@db/mem"
@@ -533,7 +533,7 @@ def test_the_store_url_can_come_from_an_environment_variable(tmp_path, embedder,
     # a store the command names wins over the variable, in every command
     file = tmp_path / "env.yaml"
     file.write_text("store_env: DIMMEM_TEST_STORE\n")
-    named = Memory.from_config(file, store=str(tmp_path / "named.sqlite"), embedder=embedder)
+    named = Memory(load_memory_config(file, store=str(tmp_path / "named.sqlite")), embedder=embedder)
     assert named.store.url == str(tmp_path / "named.sqlite")
     named.close()
     from dimmem.runtime.cli import main as memory_cli
