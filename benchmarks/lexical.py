@@ -8,7 +8,7 @@ order as `dimmem eval retrieval` adds them) for:
 - FTS5, one index over all users: the SQLite store's lexical path until schema 4 (Porter over unicode61
   tokens, every word kept, statistics from every user's records loaded so far), rebuilt here as the
   reference;
-- the runtime's per-user index (`dimmem.runtime.lexical_index`) on SQLite and on Postgres (embedded, as
+- the runtime's per-user index (`dimmem.runtime.stores.indexes.bm25`) on SQLite and on Postgres (embedded, as
   the runtime's login role): one analyzer (Snowball, English stop words dropped), statistics from the
   user's own records.
 The two runtime columns must agree exactly; the difference to FTS5 is what per-user statistics and the

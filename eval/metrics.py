@@ -17,12 +17,11 @@ from collections import Counter
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.records import DIMENSIONS, MEMORY_TYPES
 from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.validate import TurnScope, parse_json, validate
 
 MATCH_THRESHOLD = 0.5  # content token F1 at which a predicted memory counts as the reference one
-DIMENSIONS = ("location", "reason", "purpose")
 FIELD_SCORES = ("type_accuracy", "time_exact", "keyword_f1", "source_jaccard", "dimension_null_agreement")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dimmem.contract.records import MEMORY_TYPES  # noqa: E402
+from dimmem.contract.records import DIMENSIONS, MEMORY_TYPES  # noqa: E402
 
 # (metrics.json key, label) in the order reports and comparisons show them
 HEADLINE_ROWS = (
@@ -29,12 +29,11 @@ HEADLINE_ROWS = (
     ("keyword_f1", "keyword set F1"),
     ("source_jaccard", "source-turn Jaccard"),
     ("content_similarity", "content token F1"),
-    ("location_null_agreement", "location null agreement"),
-    ("location_f1", "location token F1"),
-    ("reason_null_agreement", "reason null agreement"),
-    ("reason_f1", "reason token F1"),
-    ("purpose_null_agreement", "purpose null agreement"),
-    ("purpose_f1", "purpose token F1"),
+    *(
+        row
+        for name in DIMENSIONS
+        for row in ((f"{name}_null_agreement", f"{name} null agreement"), (f"{name}_f1", f"{name} token F1"))
+    ),
     ("field_quality", "field quality (n/a: no matched pair)"),
     ("output_tokens_per_window", "output tokens per window"),
     ("windows_per_s", "windows/s"),
@@ -50,9 +49,7 @@ FIELD_PLOT = (
     "keyword_f1",
     "source_jaccard",
     "content_similarity",
-    "location_null_agreement",
-    "reason_null_agreement",
-    "purpose_null_agreement",
+    *(f"{name}_null_agreement" for name in DIMENSIONS),
 )
 
 

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from dimmem.contract.conversation import Conversation
 from dimmem.contract.loaders import load_conversations
+from dimmem.contract.records import memory_record
 from dimmem.runtime.extractors import turn_memory
 from dimmem.runtime.labels import label_memories
 from dimmem.runtime.memory import Memory
@@ -69,15 +70,14 @@ def observation_records(conv: Conversation) -> list[dict]:
                 records.append(
                     {
                         "id": f"{key}/{speaker}/{i}",
-                        "source_turns": turns,
-                        "speaker": speaker,
-                        "content": text,
-                        "type": "fact",
-                        "time": (dates.get(session) or "")[:10] or None,
-                        "location": None,
-                        "reason": None,
-                        "purpose": None,
-                        "keywords": (content_words(text) or [speaker])[:12],
+                        **memory_record(
+                            source_turns=turns,
+                            speaker=speaker,
+                            content=text,
+                            type="fact",
+                            time=(dates.get(session) or "")[:10] or None,
+                            keywords=(content_words(text) or [speaker])[:12],
+                        ),
                         "conversation_id": conv.id,
                     }
                 )

@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
+from dimmem.contract.records import DIMENSIONS
 from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.toyworld import AssistantChat, ToyDialogue, TruthRecord
 
@@ -202,7 +203,7 @@ def truth_records(dialogue: ToyDialogue | AssistantChat, content_only: bool = Fa
     def row(rec: TruthRecord) -> dict:
         fields = rec.answer(rec.source_turns)
         if content_only:
-            fields.update(type="fact", time=None, location=None, reason=None, purpose=None)
+            fields.update(type="fact", time=None, **dict.fromkeys(DIMENSIONS))
             fields["keywords"] = [rec.speaker]
         return {
             **fields,

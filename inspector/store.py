@@ -32,8 +32,9 @@ class MemoryStore:
 
     @staticmethod
     def _check_sqlite(path: Path) -> None:
-        from dimmem.runtime.stores.sqlite import MIGRATIONS
+        from dimmem.runtime.stores.schema import migrations
 
+        current = len(migrations("sqlite"))
         if not path.is_file():
             raise ValueError(f"{path}: no such store file")
         try:
@@ -47,9 +48,9 @@ class MemoryStore:
             raise ValueError(f"{path}: not a SQLite database ({exc})") from None
         if "records" not in tables:
             raise ValueError(f"{path}: a SQLite file, but not a memory store (no records table)")
-        if version < len(MIGRATIONS):
+        if version < current:
             raise ValueError(
-                f"{path}: store schema version {version}, this code reads {len(MIGRATIONS)}; the inspector "
+                f"{path}: store schema version {version}, this code reads {current}; the inspector "
                 f"does not write: run `dimmem memory migrate --store {path}` first"
             )
 

@@ -22,11 +22,11 @@ from datetime import date
 import numpy as np
 import pytest
 
-from dimmem.runtime.lexical_index import LexicalIndex
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
+from dimmem.runtime.stores.indexes.bm25 import LexicalIndex
+from dimmem.runtime.stores.indexes.memory_vectors import MemoryVectors
 from dimmem.runtime.stores.sqlite import SQLiteStore
-from dimmem.runtime.vector_index import VectorIndex
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def pg_index_problems(conn) -> list[str]:
         return sorted(tuple(r) for r in conn.execute(sql).fetchall())
 
     active = rows("SELECT user_id, id FROM records WHERE status='active'")
-    if rows("SELECT user_id, id FROM records WHERE embedding IS NOT NULL") != active:
-        problems.append("embeddings are not exactly the active records'")
+    if rows("SELECT user_id, record_id FROM record_vectors") != active:
+        problems.append("record_vectors does not hold exactly the active records'")
     if rows("SELECT DISTINCT user_id, record_id FROM record_keywords") != active:
         problems.append("record_keywords does not name exactly the active records")
     stale = rows(
@@ -134,7 +134,7 @@ def lexical_problems(memory: Memory) -> list[str]:
             live = memory.store.lexical(user, record["content"], 10)
             if live != fresh.search(user, record["content"], 10):
                 problems.append(f"{user}: {record['content']!r} ranks otherwise than from scratch")
-        held = memory.store.lexicon.users.get(user)
+        held = memory.store.indexes["lexical"].users.get(user)
         if held is not None and sorted(held.where) != sorted(r["id"] for r in active):
             problems.append(f"{user}: the lexical index holds {sorted(held.where)}")
     return problems
@@ -146,14 +146,14 @@ def dense_problems(memory: Memory) -> list[str]:
     store = memory.store
     if not isinstance(store, SQLiteStore):
         return []
-    problems, fresh = [], VectorIndex(store)
+    problems, fresh = [], MemoryVectors(store.dialect)
     for user in store.users():
         active = sorted(r["id"] for r in store.records(user))
         ids, matrix = store.vectors(user, active)
         for vector in matrix[:20]:
             if store.dense(user, vector, 10) != fresh.search(user, vector, 10):
                 problems.append(f"{user}: a vector ranks otherwise than from scratch")
-        held = store.index.users.get(user)
+        held = store.indexes["dense"].users.get(user)
         if ids != active or (held is not None and sorted(held.ids) != active):
             problems.append(f"{user}: vectors {ids}, the dense index holds {held and sorted(held.ids)}")
     return problems
@@ -164,9 +164,10 @@ def check(memory: Memory) -> None:
     assert dense_problems(memory) == []
     if isinstance(memory.store, SQLiteStore):
         with memory._store_lock:
-            assert index_problems(memory.store.db) == []
-            assert revised_after_delete(memory.store.db) == []
-            assert memory.store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            db = memory.store.dialect.db
+            assert index_problems(db) == []
+            assert revised_after_delete(db) == []
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         return
     import psycopg
 

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from dimmem.runtime import lexical
-from dimmem.runtime.lexical_index import K1, B, LexicalIndex
+from dimmem.runtime.stores.indexes.bm25 import K1, B, LexicalIndex
 from dimmem.runtime.stores.sqlite import SQLiteStore
 
 WORDS = ["hiking", "paris", "marathon", "jazz", "coffee", "tea", "dog", "cat", "garden", "piano", "berlin"]
@@ -122,7 +122,7 @@ def test_mostly_tombstones_reads_the_user_again(store):
         for i in range(10):
             store.insert("ann", record(f"r{i}", f"chess bread {i}"), None)
     store.lexical("ann", "chess", 5)
-    held = store.lexicon.users["ann"]
+    held = store.indexes["lexical"].users["ann"]
     with store.transaction():
         for i in range(8):
             store.set_status("ann", f"r{i}", "deleted", "DELETE")
@@ -130,7 +130,9 @@ def test_mostly_tombstones_reads_the_user_again(store):
     with store.transaction():
         store.insert("ann", record("r10", "chess alps"), None)
     assert {r for r, _ in store.lexical("ann", "chess", 5)} == {"r8", "r9", "r10"}
-    assert store.lexicon.users["ann"] is held and len(held.ids) == 3  # read again: no tombstones kept
+    assert (
+        store.indexes["lexical"].users["ann"] is held and len(held.ids) == 3
+    )  # read again: no tombstones kept
 
 
 def test_searches_while_a_writer_writes_see_only_whole_commits(store, tmp_path):

@@ -15,7 +15,10 @@ from dimmem.contract.conversation import Conversation, Turn
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
 from dimmem.runtime.stores import open_store
-from dimmem.runtime.stores.sqlite import MIGRATIONS, SQLiteStore
+from dimmem.runtime.stores.schema import migrations
+from dimmem.runtime.stores.sqlite import SQLiteStore
+
+MIGRATIONS = migrations("sqlite")
 
 
 def rec(**fields):
@@ -263,7 +266,7 @@ def test_migrations_are_recorded(tmp_path):  # SQLite only: PRAGMA user_version 
     store = SQLiteStore(tmp_path / "s.sqlite", migrate=False)
     assert store.schema_version() == 0 and not store.ping()
     assert store.migrate() == len(MIGRATIONS) and store.ping() and store.serialized
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert store.dialect.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     store.close()
     assert SQLiteStore(tmp_path / "s.sqlite").migrate() == 0  # re-opening applies nothing twice
 
@@ -272,15 +275,13 @@ def test_upgrade_indexes_the_records_already_stored(tmp_path):
     """A store at schema 3 (one FTS5 table) upgrades in place: its active records are found by the
     per-user lexical index at once, other statuses are not, and new writes continue the numbering."""
     store = SQLiteStore(tmp_path / "s.sqlite", migrate=False)
-    for script in MIGRATIONS[:3]:
-        store.db.executescript(script)
-    store.db.execute("PRAGMA user_version = 3")
+    store.dialect.migrate(MIGRATIONS[:3])
     for user, rid, content, status in [
         ("ann", "a1", "Ann hiked Eagle Peak", "active"),
         ("ann", "a2", "Ann hiked Mount Tam", "superseded"),
         ("bob", "b1", "Bob hiked the Alps", "active"),
     ]:
-        store.db.execute(
+        store.dialect.db.execute(
             "INSERT INTO records (id, user_id, type, speaker, content, keywords, source_turns, created, "
             "updated, version, status) VALUES (?, ?, 'episodic', 'Ann', ?, '[\"hiking\"]', '[\"D1:1\"]', "
             "1, 1, 1, ?)",
@@ -344,9 +345,10 @@ def test_sigkill_mid_add_leaves_no_partial_record(store_url, backend):
     assert store.vectors("ann", ids)[0] == ids and store.lexical("ann", "fact", 10_000)
     assert sorted(rid for rid, _ in store.dense("ann", store.vectors("ann", ids)[1][0], 10_000)) == ids
     if backend == "sqlite":  # the file itself
-        _, stored, _ = store.vectors_after("ann", 0)
-        assert sorted(stored) == ids and store.vector_state("ann") == (len(records), 0)
-        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        dense = store.indexes["dense"]
+        _, stored, _ = dense.vectors_after("ann", 0)
+        assert sorted(stored) == ids and dense.state("ann") == (len(records), 0)
+        assert store.dialect.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     store.close()
 
 
@@ -511,11 +513,11 @@ def test_memory_config_defaults_and_overrides(tmp_path, embedder):
         embedder=None,
     )
     assert built.config.retrieval.depth == 7 and built.config.retrieval.weights["dimension"] == 0.5
-    assert built.store.path == str(tmp_path / "y.sqlite")
+    assert built.store.url == str(tmp_path / "y.sqlite")
 
 
 def test_the_store_url_can_come_from_an_environment_variable(tmp_path, embedder, monkeypatch):
-    from dimmem.runtime.config import MemoryConfig
+    from dimmem.runtime.config import MemoryConfig, load_memory_config
 
     assert (
         MemoryConfig(store="postgresql://app:secret@db/mem").store_url() == "postgresql://app:secret@db/mem"
@@ -527,6 +529,17 @@ def test_the_store_url_can_come_from_an_environment_variable(tmp_path, embedder,
     monkeypatch.setenv("DIMMEM_TEST_STORE", f"sqlite:///{tmp_path / 'env.sqlite'}")
     memory = Memory(config, embedder=embedder)  # the variable wins over `store`
     assert memory.store.url == str(tmp_path / "env.sqlite") and not (tmp_path / "unused.sqlite").exists()
+    memory.close()
+    # a store the command names wins over the variable, in every command
+    file = tmp_path / "env.yaml"
+    file.write_text("store_env: DIMMEM_TEST_STORE\n")
+    named = Memory(load_memory_config(file, store=str(tmp_path / "named.sqlite")), embedder=embedder)
+    assert named.store.url == str(tmp_path / "named.sqlite")
+    named.close()
+    from dimmem.runtime.cli import main as memory_cli
+
+    assert memory_cli(["migrate", "--config", str(file), "--store", str(tmp_path / "m.sqlite")]) == 0
+    assert (tmp_path / "m.sqlite").exists()
     monkeypatch.setenv("DIMMEM_TEST_STORE", "mysql://db")
     with pytest.raises(ValueError, match="DIMMEM_TEST_STORE: 'mysql' stores are not supported"):
         config.store_url()
@@ -589,5 +602,5 @@ def test_lexical_index_holds_no_entry_for_users_without_records(tmp_path):
     store = SQLiteStore(tmp_path / "s.sqlite")
     for i in range(100):
         assert store.lexical(f"nobody-{i}", "hiking", 5) == []
-    assert store.lexicon.users == {}
+    assert store.indexes["lexical"].users == {}
     store.close()

@@ -19,8 +19,8 @@ from dimmem.runtime.consolidate import ModelConsolidator
 from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import ModelQueryParser
+from dimmem.runtime.stores.indexes.memory_vectors import MemoryVectors
 from dimmem.runtime.stores.sqlite import SQLiteStore
-from dimmem.runtime.vector_index import VectorIndex
 
 MESSAGES = [
     {"role": "user", "content": "I adopted a beagle called Biscuit last weekend.", "timestamp": "2024-03-04"},
@@ -248,7 +248,7 @@ def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):  # SQLite's 
                 },
                 v,
             )
-    exact, ann = VectorIndex(store), VectorIndex(store, ann_min_records=1)
+    exact, ann = MemoryVectors(store.dialect), MemoryVectors(store.dialect, ann_min_records=1)
     overlap = [
         len({r for r, _ in exact.search("u", q, 10)} & {r for r, _ in ann.search("u", q, 10)}) / 10
         for q in vectors[:50]

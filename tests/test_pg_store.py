@@ -21,12 +21,17 @@ import pytest
 
 from dimmem.contract.conversation import Turn
 from dimmem.contract.windows import Window
-from dimmem.runtime.stores import RecordStateError, Store, open_store
-from dimmem.runtime.stores.postgres import DIMENSIONS, PostgresStore, SchemaError, migrations
+from dimmem.runtime.stores import RecordLog, RecordStateError, open_store, schema
+from dimmem.runtime.stores.indexes.pgvector import DIMENSIONS
+from dimmem.runtime.stores.postgres import PostgresStore, SchemaError
 from dimmem.runtime.stores.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.integration
-TABLES = ("records", "record_history", "record_keywords", "turns", "user_stats", "windows")
+TABLES = ("records", "record_history", "record_keywords", "record_vectors", "turns", "user_stats", "windows")
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    return schema.migrations("postgres")
 
 
 @pytest.fixture
@@ -232,13 +237,13 @@ def test_dense_search_in_the_database(store, url):
         plan = "\n".join(
             r[0]
             for r in conn.execute(
-                "EXPLAIN SELECT id FROM records WHERE tenant = current_setting('dimmem.tenant') AND "
-                "user_id = 'dora' AND status = 'active' AND embedding IS NOT NULL "
+                "EXPLAIN SELECT record_id FROM record_vectors "
+                "WHERE tenant = current_setting('dimmem.tenant') AND user_id = 'dora' "
                 "ORDER BY embedding <=> %s::vector LIMIT 10",
                 (query.tolist(),),
             )
         )
-    assert "records_embedding" in plan, plan
+    assert "record_vectors_embedding" in plan, plan
 
 
 def test_lexical_bm25_any_word(store):
@@ -334,7 +339,7 @@ def test_row_level_security_confines_an_unfiltered_query(pg, url):
     owner = PostgresStore(url, tenant="a")  # migrations run as the owner (here the superuser)
     app = pg.login_role("dimmem_app", url)  # the runtime's role: in dimmem_runtime, no superuser
     stores = {t: PostgresStore(app, tenant=t) for t in ("a", "b")}
-    assert stores["a"].rls_enforced and not owner.rls_enforced
+    assert stores["a"].dialect.rls_enforced and not owner.dialect.rls_enforced
     for tenant, store in stores.items():
         with store.transaction():
             store.put_turns("ann", "c1", TURNS)
@@ -415,7 +420,7 @@ def test_both_backends_keep_one_store_contract(url, tmp_path):
     assert (stores["sqlite"].serialized, stores["postgres"].serialized) == (True, False)
     seen = {}
     for name, store in stores.items():
-        assert isinstance(store, Store) and store.ping() and store.schema_version() >= 2
+        assert isinstance(store, RecordLog) and store.ping() and store.schema_version() >= 2
         assert store.migrate() == 0
         fill(store)
         with pytest.raises(RecordStateError, match="'r4' is deleted: .* \\(restore it first\\)"):
@@ -467,21 +472,20 @@ def test_the_connection_pool_is_sized_by_the_memory_config(url):
 
     store = MemoryConfig(store=url, pool={"min": 0, "max": 3}).open_store()
     try:
-        assert (store.pool.min_size, store.pool.max_size) == (0, 3)
+        assert (store.dialect.pool.min_size, store.dialect.pool.max_size) == (0, 3)
     finally:
         store.close()
     with pytest.raises(ValidationError, match="min 4 is above max 2"):
         MemoryConfig(store=url, pool={"min": 4, "max": 2})
 
 
-def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkeypatch):
-    """A database at schema 2 (tsvector BM25) with records of two tenants upgrades in place: the
-    migration stamps every tenant's records though row-level security hides them from the owner, and
-    each tenant's lexical search finds its own active records at once."""
-    import dimmem.runtime.stores.postgres as postgres
-
+def test_upgrade_numbers_every_tenants_records_and_moves_their_vectors(url, monkeypatch):
+    """A database at schema 2 (tsvector BM25, embeddings in `records`) with records of two tenants
+    upgrades in place: the migrations stamp every tenant's records and move the active ones' vectors to
+    `record_vectors` though row-level security hides them from the owner, and each tenant's lexical and
+    dense searches find its own active records at once."""
     shipped = migrations()
-    monkeypatch.setattr(postgres, "migrations", lambda: shipped[:2])
+    monkeypatch.setattr(schema, "migrations", lambda dialect: shipped[:2])
     PostgresStore(url, migrate=False).migrate()
     with psycopg.connect(url) as conn:  # rows as the schema-2 runtime wrote them
         for tenant, user, rid, content, status in [
@@ -492,16 +496,18 @@ def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkey
             conn.execute("SELECT set_config('dimmem.tenant', %s, false)", (tenant,))
             conn.execute(
                 "INSERT INTO records (user_id, id, type, speaker, content, keywords, source_turns, created, "
-                "updated, version, status) VALUES (%s, %s, 'episodic', 'Ann', %s, '{hiking}', '{D1:1}', 1, "
-                "1, 1, %s)",
-                (user, rid, content, status),
+                "updated, version, status, embedding) VALUES (%s, %s, 'episodic', 'Ann', %s, '{hiking}', "
+                "'{D1:1}', 1, 1, 1, %s, %s::vector)",
+                (user, rid, content, status, unit(len(rid)).tolist() if status == "active" else None),
             )
             conn.execute("INSERT INTO user_stats (user_id) VALUES (%s) ON CONFLICT DO NOTHING", (user,))
-    monkeypatch.setattr(postgres, "migrations", lambda: shipped)
+    monkeypatch.setattr(schema, "migrations", lambda dialect: shipped)
     store = PostgresStore(url)
     assert store.schema_version() == len(shipped)
     assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1"]
     assert [rid for rid, _ in store.lexical("zeta/bob", "hiking Alps", 10)] == ["b1"]
+    assert [rid for rid, _ in store.dense("acme/ann", unit(2), 10)] == ["a1"]
+    assert [rid for rid, _ in store.dense("zeta/bob", unit(2), 10)] == ["b1"]
     store.insert("acme/ann", record("a3", "Ann hiked Half Dome", ["hiking"]), unit(3))
     assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1", "a3"]
     with psycopg.connect(url) as conn:  # RLS forced again after the migration lifted it
@@ -510,3 +516,31 @@ def test_upgrade_numbers_every_tenants_records_for_the_lexical_index(url, monkey
         ).fetchone()[0]
     assert forced
     store.close()
+
+
+def test_an_owner_that_may_not_create_the_runtime_role_is_stopped_before_anything_applies(tmp_path):
+    """On a cluster without dimmem_runtime, an owner without CREATEROLE gets an error naming the one
+    statement a superuser runs, with nothing applied; once the role exists the same migrate runs through."""
+    from pg_server import start
+
+    from dimmem.runtime.stores.embedded import with_user
+
+    server = start(tmp_path / "data")  # a cluster of its own: the session's already has the role
+    try:
+        url = server.database("owned")
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE owner LOGIN")
+            conn.execute('ALTER DATABASE "owned" OWNER TO owner')
+        owner = with_user(url, "owner")
+        with pytest.raises(
+            SchemaError, match="dimmem_runtime is missing.*CREATE ROLE dimmem_runtime NOLOGIN"
+        ):
+            PostgresStore(owner, tenant="a")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 0
+            conn.execute("CREATE ROLE dimmem_runtime NOLOGIN")
+        store = PostgresStore(owner, tenant="a")
+        assert store.ping() and store.schema_version() == len(migrations())
+        store.close()
+    finally:
+        server.stop()

@@ -170,7 +170,7 @@ def run(memory: Memory, model: dict, operation: tuple) -> None:
 
 
 def check_invariants(memory: Memory, model: dict) -> None:
-    db = memory.store.db
+    db = memory.store.dialect.db
     for user in USERS:
         rows = db.execute("SELECT id, status, version FROM records WHERE user_id=?", (user,)).fetchall()
         stored = {r[0]: (r[1], r[2]) for r in rows}
@@ -180,7 +180,7 @@ def check_invariants(memory: Memory, model: dict) -> None:
         held = [r[0] for r in db.execute("SELECT record_id FROM vectors WHERE user_id=?", (user,))]
         assert len(held) == len(set(held)) and set(held) == active
         memory.store.lexical(user, "anything", 1)  # brings the lexical index up to date
-        held = memory.store.lexicon.users.get(user)  # (no entry for a user without active records)
+        held = memory.store.indexes["lexical"].users.get(user)  # (no entry for a user without active records)
         assert set(held.where if held else ()) == active
         keywords = {
             r[0] for r in db.execute("SELECT record_id FROM record_keywords WHERE user_id=?", (user,))
@@ -201,6 +201,6 @@ def test_random_operation_sequences_keep_the_store_equal_to_the_model(embedder, 
         for operation in steps:
             run(memory, model, operation)
             check_invariants(memory, model)
-        assert memory.store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert memory.store.dialect.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         memory.store.close()

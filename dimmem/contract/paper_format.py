@@ -40,7 +40,7 @@ import jinja2
 import yaml
 
 from dimmem.contract.conversation import Turn
-from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.records import MEMORY_TYPES, memory_record
 from dimmem.contract.windows import Window
 
 PROMPT = Path(__file__).parent / "prompts" / "paper" / "extract.yaml"
@@ -166,14 +166,14 @@ class PaperFormat:
             speaker = cited[1].speaker if cited else ""
         dimension = memory.get("dimension")
         dimension = dimension if isinstance(dimension, dict) else {}
-        return {
-            "source_turns": [turn_id],
-            "speaker": speaker,
-            "content": memory.get("content"),
-            "type": dimension.get("memory_type"),
+        return memory_record(  # (a contract field their format has no place for stays empty)
+            source_turns=[turn_id],
+            speaker=speaker,
+            content=memory.get("content"),
+            type=dimension.get("memory_type"),
             **{name: _null_if_blank(dimension.get(name)) for name in DIMENSIONS},
-            "keywords": dimension.get("keywords"),
-        }
+            keywords=dimension.get("keywords"),
+        )
 
     # --- the contract -> their answer ------------------------------------------------------------------
     def from_contract(self, answer: dict, window: Window) -> tuple[dict, int]:

@@ -49,6 +49,24 @@ class MemoryRecord(_Strict):
 MEMORY_FIELDS: tuple[str, ...] = tuple(
     MemoryRecord.model_fields
 )  # what a model writes; the pipeline adds the rest
+DIMENSIONS: tuple[str, ...] = tuple(
+    name
+    for name, info in MemoryRecord.model_fields.items()
+    if info.annotation == (str | None) and name != "time"
+)
+"""The free-text dimensions (location, reason, purpose): nullable text, indexed and scored alike; `time`
+has a grammar of its own."""
+
+
+def memory_record(**fields: Any) -> dict:
+    """A record in the contract's field order: the fields given, every other one empty (null, or [] for
+    lists), for code that builds records without a model (rule extractors, benchmarks, test worlds)."""
+    if unknown := set(fields) - set(MEMORY_FIELDS):
+        raise ValueError(f"not contract fields: {sorted(unknown)}")
+    empty = {
+        name: [] if info.annotation == list[str] else None for name, info in MemoryRecord.model_fields.items()
+    }
+    return {**empty, **fields}
 
 
 class Extraction(_Strict):

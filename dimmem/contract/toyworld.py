@@ -10,11 +10,11 @@ exact: `OracleTeacher` (in `data_gen.oracle`) labels windows from it without any
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import date, datetime, timedelta
 
 from dimmem.contract.conversation import Conversation, Turn
-from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.contract.records import MEMORY_FIELDS, memory_record
 
 PEOPLE = [
     ("Alice", "she"),
@@ -173,12 +173,10 @@ class TruthRecord:
     supersedes: str | None = None  # id of the record this one replaces
 
     def answer(self, source_turns: list[str]) -> dict:
-        """The record as an extractor answers it, citing the given (window-local) ids."""
-        return {
-            **{name: getattr(self, name) for name in MEMORY_FIELDS},
-            "source_turns": source_turns,
-            "keywords": list(self.keywords),
-        }
+        """The record as an extractor answers it, citing the given (window-local) ids (a contract field
+        the toy world does not model stays empty)."""
+        known = {f.name: getattr(self, f.name) for f in fields(self) if f.name in MEMORY_FIELDS}
+        return memory_record(**{**known, "source_turns": source_turns, "keywords": list(self.keywords)})
 
 
 @dataclass

@@ -14,14 +14,14 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from dimmem.contract.records import json_schema
+from dimmem.contract.records import DIMENSIONS, json_schema
 from dimmem.contract.timespan import parse_span
 
 RULES: dict[str, str] = {
     "json": "the answer is one JSON object and nothing else",
     "schema": "every field is present with the type the schema gives, and no other field",
     "content_empty": "content is a non-empty statement",
-    "dimension_blank": "location, reason and purpose are null when unknown, never blank strings",
+    "dimension_blank": f"{', '.join(DIMENSIONS)} are null when unknown, never blank strings",
     "time_format": (
         "time is null or ISO 8601: YYYY-MM-DD, YYYY-MM, YYYY, "
         "or an interval start/end of those with start not after end"
@@ -173,7 +173,7 @@ def memory_issues(memory: Any, index: int | None, scope: TurnScope | None) -> li
     content = memory.get("content")
     if isinstance(content, str) and not content.strip():
         issues.append(Issue("content_empty", "content is empty", index, "content"))
-    for name in ("location", "reason", "purpose"):
+    for name in DIMENSIONS:
         value = memory.get(name)
         if isinstance(value, str) and not value.strip():
             issues.append(

@@ -188,14 +188,13 @@ def run_postgres(args: argparse.Namespace) -> int:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from dimmem.config import load_config
-    from dimmem.runtime.config import MemoryConfig
+    from dimmem.runtime.config import load_memory_config
     from dimmem.runtime.stores import open_store, redacted
 
     if (args.source is None) != (args.target is None):
         raise ValueError("--from and --to go together (or neither: migrate the configured store)")
     if args.source is None:
-        url = args.store or load_config(MemoryConfig, args.config, args.overrides).store_url()
+        url = load_memory_config(args.config, args.overrides, store=args.store).store_url()
         store = open_store(url, migrate=False)
         try:
             applied = store.migrate()

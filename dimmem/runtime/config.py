@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dimmem.config import Section, WindowConfig
+from dimmem.config import Section, WindowConfig, load_config
 from dimmem.contract.formats import ExtractFormatName
 from dimmem.llm import ModelConfig
 
@@ -113,7 +113,13 @@ class MemoryConfig(Section):
     )
     store_env: str | None = Field(
         None,
-        description="environment variable holding the store URL (no password in the file); wins over `store`",
+        description="environment variable holding the store URL (no password in the file); wins over the "
+        "file's `store`, and a store the command names (--store, a service's `store:`) wins over both",
+    )
+    indexes: dict[Literal["lexical", "dense"], str] | None = Field(
+        None,
+        description="the retrieval indexes by name (dimmem.runtime.stores.indexes): lexical bm25; dense "
+        "memory (SQLite) or pgvector (Postgres); null: the store's defaults",
     )
     embedder: EmbedderConfig = EmbedderConfig()
     model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
@@ -172,7 +178,9 @@ class MemoryConfig(Section):
 
         url = self.store_url()
         options = {"pool_min": self.pool.min, "pool_max": self.pool.max} if is_postgres(url) else {}
-        return open_store(url, ann_min_records=self.retrieval.ann_min_records, **options)
+        return open_store(
+            url, indexes=self.indexes, ann_min_records=self.retrieval.ann_min_records, **options
+        )
 
     # --- the components (heavy imports stay inside: the CLI imports this module's users lazily) -----
     def client(self):
@@ -227,3 +235,13 @@ class MemoryConfig(Section):
 
         render = extract_format(self.extractor_format).messages
         return extract_prompt_counter(load_tokenizer(self.windows.tokenizer), render=render)
+
+
+def load_memory_config(
+    path: str | os.PathLike | None, overrides=(), *, store: str | None = None, **fields
+) -> MemoryConfig:
+    """A memory config from a YAML file, dotted overrides and fields, as every command reads it: a `store`
+    the command names wins over the file's `store_env` (an eval's scratch store never lands in the
+    production database the file points at)."""
+    config = load_config(MemoryConfig, path, overrides, store=store, **fields)
+    return config.model_copy(update={"store_env": None}) if store is not None else config

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from dimmem.contract.conversation import Turn
 from dimmem.contract.formats import ExtractFormat, extract_format
+from dimmem.contract.records import memory_record
 from dimmem.contract.validate import Issue, validate
 from dimmem.contract.windows import Window
 from dimmem.llm import ModelClient, ModelError
@@ -102,17 +103,14 @@ class ReplayExtractor:
 
 def turn_memory(turn: Turn, turn_id: str) -> dict:
     """One turn as an episodic memory citing it (`turn_id`: local or global, as the caller needs)."""
-    return {
-        "source_turns": [turn_id],
-        "speaker": turn.speaker,
-        "content": f"{turn.speaker}: {turn.text}",
-        "type": "episodic",
-        "time": turn.session_time[:10] if turn.session_time else None,
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": (content_words(turn.text) or [turn.speaker])[:12],
-    }
+    return memory_record(
+        source_turns=[turn_id],
+        speaker=turn.speaker,
+        content=f"{turn.speaker}: {turn.text}",
+        type="episodic",
+        time=turn.session_time[:10] if turn.session_time else None,
+        keywords=(content_words(turn.text) or [turn.speaker])[:12],
+    )
 
 
 class TurnExtractor:

@@ -7,6 +7,8 @@ import re
 from collections import Counter
 from functools import cache
 
+from dimmem.contract.records import DIMENSIONS
+
 _TOKEN = re.compile(r"[^\W_]+")
 _STOPWORDS = """
 a about above after again against all am an and any are as at be because been before being below between
@@ -33,8 +35,12 @@ def terms(text: str) -> Counter[str]:
     return Counter(_stemmer().stemWords(words))
 
 
+# A record's indexed text: what the memory is about (content, the free-text dimensions, keywords); not
+# who said it, its type, its time (the dimension path's) or its pointer
+FIELDS: tuple[str, ...] = ("content", *DIMENSIONS, "keywords")
+
+
 def document(record: dict) -> Counter[str]:
-    """A record's indexed terms: content, keywords, location, reason and purpose."""
-    parts = [record["content"], " ".join(record["keywords"] or [])]
-    parts += [record.get(field) or "" for field in ("location", "reason", "purpose")]
-    return terms(" ".join(parts))
+    """A record's indexed terms, of its `FIELDS` (lists joined)."""
+    values = (record.get(field) for field in FIELDS)
+    return terms(" ".join(" ".join(v) if isinstance(v, list) else v or "" for v in values))

@@ -49,7 +49,7 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
 - Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
 - A search embeds its query and runs the dense path in a helper thread while it runs the lexical and
   dimension paths under the store lock; the dense path takes no store lock where the store reads its
-  vectors through a connection of its own (`Store.concurrent_dense`).
+  vectors through a connection of its own (`RecordLog.concurrent_dense`).
 So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
 processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
 one user on Postgres, in any process, by the user's row lock (`stores.postgres`).
@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from dimmem.config import load_config, validate_config
+from dimmem.config import validate_config
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.loaders._fields import Record
 from dimmem.contract.loaders.chat_jsonl import NOT_DIALOGUE, conversation_from_messages
@@ -81,13 +81,13 @@ from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import TurnScope, validate
 from dimmem.contract.windows import Window, _fit, make_windows
-from dimmem.runtime.config import MemoryConfig
+from dimmem.runtime.config import MemoryConfig, load_memory_config
 from dimmem.runtime.consolidate import MEMORY_FIELDS, decision_scope
 from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor, keep_valid
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
-from dimmem.runtime.stores import Store
+from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
@@ -162,7 +162,7 @@ class Memory:
         client = None  # one client for the 'model' components: one rate limit, one usage count
         if any(component is None and getattr(config, name) == "model" for name, component in given.items()):
             client = config.client()
-        self.store: Store = config.open_store()
+        self.store: RecordLog = config.open_store()
         self.embedder = embedder or config.build_embedder()
         self.extractor = extractor or config.build_extractor(client)
         self.query_parser = query_parser or config.build_query_parser(client)
@@ -185,7 +185,7 @@ class Memory:
     ) -> Memory:
         """A runtime built from a YAML file (configs/memory/*.yaml), then dotted `overrides`
         ("retrieval.depth=100" or {"retrieval.depth": 100}), then keyword `fields` (None: not given)."""
-        return cls(load_config(MemoryConfig, path, overrides, **fields))
+        return cls(load_memory_config(path, overrides, **fields))
 
     # --- writes -------------------------------------------------------------------------------------
     def add(
@@ -317,7 +317,9 @@ class Memory:
         return self._write(user_id, records, consolidate)
 
     def _write(self, user_id: str, records: list[dict], consolidate: bool) -> list[dict]:
-        """Each record in its own transaction; embeddings a batch at a time, outside the store lock."""
+        """Embeddings a batch at a time, outside the store lock; with consolidation each record in its own
+        transaction (its decision is checked against the store as it is then), without it each batch in
+        one (a write per batch, not per record: what ingest costs on a database that syncs commits)."""
         events = []
         for start in range(0, len(records), EMBED_BATCH):
             batch = records[start : start + EMBED_BATCH]
@@ -325,19 +327,36 @@ class Memory:
                 stored = self.store.get_many(user_id, [r["id"] for r in batch])
             todo = [r for r in batch if r["id"] not in stored]
             vectors = dict(zip((r["id"] for r in todo), self._encode([r["content"] for r in todo])))
+            if not consolidate:
+                events += self._insert_batch(user_id, batch, vectors)
+                continue
             for record in batch:
                 if record["id"] in vectors:
-                    events.append(self._add_one(user_id, record, vectors[record["id"]], consolidate))
+                    events.append(self._add_one(user_id, record, vectors[record["id"]]))
                 else:
                     events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
         return events
 
-    def _add_one(self, user_id: str, record: dict, vector: np.ndarray, consolidate: bool = True) -> dict:
+    def _insert_batch(self, user_id: str, batch: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
+        """The batch's records stored as given, in one transaction: ADD, or UNCHANGED for an id stored
+        already (also by another writer meanwhile, or earlier in the batch)."""
+        events = []
+        with self._store_lock, self.store.transaction():
+            fresh = set(vectors) - set(self.store.get_many(user_id, list(vectors)))
+            for record in batch:
+                added = record["id"] in fresh
+                if added:
+                    self.store.insert(user_id, record, vectors[record["id"]])
+                    fresh.discard(record["id"])
+                events.append({"id": record["id"], "action": "ADD" if added else "UNCHANGED", "target": None})
+        return events
+
+    def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
         unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
         update = self.config.update
         for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
             best, candidate, similarity = None, None, 0.0
-            if consolidate and attempt < CONSOLIDATION_ATTEMPTS:  # the last attempt: KEEP_BOTH
+            if attempt < CONSOLIDATION_ATTEMPTS:  # the last attempt: KEEP_BOTH
                 paper = update.candidates == "paper"
                 names = set() if paper else {record["speaker"].casefold()}
                 keys = [k for k in record["keywords"] if k.casefold() not in names]
@@ -384,8 +403,6 @@ class Memory:
                     self.store.insert(user_id, {**record, **decision["memory"]}, vector)
                 else:
                     self.store.insert(user_id, record, vector)
-                if not consolidate:
-                    return {"id": record["id"], "action": "ADD", "target": None}
                 self.stats[action] += 1
             return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
         raise AssertionError("unreachable: the last attempt keeps both")
@@ -563,7 +580,7 @@ class Memory:
         """Each retrieval path's ranking on its own: [(record id, score)], best first. The query's
         embedding (unless given) is computed by a helper thread while the lexical and dimension paths
         run: they need no vector. The dense path follows the embedding in that thread, under no lock of
-        this runtime's where the store allows it (`Store.concurrent_dense`)."""
+        this runtime's where the store allows it (`RecordLog.concurrent_dense`)."""
         depth = self.config.retrieval.depth
         dense_lock = nullcontext() if self.store.concurrent_dense else self._store_lock
 

@@ -1,4 +1,4 @@
-"""Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `Store.dense`) and
+"""Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `RecordLog.dense`) and
 dimension match (the query's time, place and types), fused by the sum of calibrated scores
 (`score_fusion`, the default), by reciprocal rank fusion (`rrf`) or by the DimMem authors' rule
 (`dedup`: each path's top k concatenated, duplicates dropped; a baseline). The dimension path votes
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.timespan import overlaps, parse_span
-from dimmem.runtime.stores.base import Store
+from dimmem.runtime.stores.log import RecordLog
 
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
 CANDIDATES_PER_DEPTH = 4
@@ -66,7 +66,7 @@ def _stated_types(query: dict) -> set[str]:
     return types if types < set(MEMORY_TYPES) else set()
 
 
-def dimension_path(store: Store, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
+def dimension_path(store: RecordLog, user_id: str, query: dict, depth: int) -> list[tuple[str, float]]:
     """Records that match a dimension the query states (its time, its place, or its types when it names
     fewer than all), ranked by dimension score as a share of the query's ceiling (in (0, 1]); nothing
     when it states none. A record that shares only keywords is the lexical path's to find: voting for it
@@ -176,7 +176,7 @@ FUSIONS = {"score": score_fusion, "rrf": rrf}  # and `dedup`, which takes its ow
 
 
 def fuse(
-    store: Store,
+    store: RecordLog,
     user_id: str,
     paths: dict[str, list[tuple[str, float]]],
     query: dict,

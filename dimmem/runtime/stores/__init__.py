@@ -1,17 +1,21 @@
-"""The runtime's store backends behind one interface (`base.Store`): SQLite (`sqlite.SQLiteStore`, the
-embedded default) and Postgres + pgvector (`postgres.PostgresStore`, the `postgres` extra), chosen by URL:
+"""The runtime's memory store: one record log (`log.RecordLog`, the lifecycle written once) over a SQL
+dialect, SQLite (`sqlite.SQLiteStore`, the embedded default) or Postgres + pgvector
+(`postgres.PostgresStore`, the `postgres` extra), chosen by URL, with its retrieval indexes (`indexes`),
+chosen by name:
 
     open_store("memories.sqlite")           # a path, sqlite:///PATH or :memory: -> SQLite
     open_store("postgresql://app@db/mem")   # postgresql://... or postgres://... -> Postgres
+    open_store(url, indexes={"dense": "pgvector"})
 """
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-from dimmem.runtime.stores.base import RecordStateError, Store
+from dimmem.runtime.stores.base import RecordStateError
+from dimmem.runtime.stores.log import RecordLog
 
-__all__ = ["RecordStateError", "Store", "is_postgres", "open_store", "redacted", "sqlite_path"]
+__all__ = ["RecordLog", "RecordStateError", "is_postgres", "open_store", "redacted", "sqlite_path"]
 
 SQLITE_URL = "sqlite:///"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -26,11 +30,19 @@ def sqlite_path(url: str) -> str:
     return url[len(SQLITE_URL) :] if url.startswith(SQLITE_URL) else url
 
 
-def open_store(url: str, *, migrate: bool = True, ann_min_records: int = 200_000, **options) -> Store:
+def open_store(
+    url: str,
+    *,
+    migrate: bool = True,
+    indexes: dict[str, str] | None = None,
+    ann_min_records: int = 200_000,
+    **options,
+) -> RecordLog:
     """The store `url` names: a path, `sqlite:///PATH` or `:memory:` (SQLite), `postgresql://...` or
     `postgres://...` (Postgres; `options` go to PostgresStore: tenant, pool_min, pool_max). `migrate`:
-    apply pending migrations on opening. `ann_min_records`: where SQLite's in-process dense index switches
-    from exact search to HNSW (Postgres searches by pgvector HNSW in the database)."""
+    apply pending migrations on opening. `indexes`: {"lexical": name, "dense": name} (`indexes.INDEXES`;
+    default: the backend's). `ann_min_records`: where an in-process dense index switches from exact search
+    to HNSW (pgvector searches by HNSW in the database)."""
     if is_postgres(url):
         try:
             from dimmem.runtime.stores.postgres import PostgresStore
@@ -38,7 +50,7 @@ def open_store(url: str, *, migrate: bool = True, ann_min_records: int = 200_000
             raise ValueError(
                 f"a Postgres store needs psycopg and psycopg_pool: pip install 'dimmem[postgres]' ({err})"
             ) from None
-        return PostgresStore(url, migrate=migrate, **options)
+        return PostgresStore(url, migrate=migrate, indexes=indexes, **options)
     if "://" in url and not url.startswith(SQLITE_URL):
         raise ValueError(
             f"store {redacted(url)!r}: expected a SQLite path, {SQLITE_URL}PATH, :memory: or postgresql://..."
@@ -50,7 +62,7 @@ def open_store(url: str, *, migrate: bool = True, ann_min_records: int = 200_000
     path = sqlite_path(url)
     if not path:
         raise ValueError("empty store path")
-    return SQLiteStore(path, migrate=migrate, ann_min_records=ann_min_records)
+    return SQLiteStore(path, migrate=migrate, indexes=indexes, ann_min_records=ann_min_records)
 
 
 def redacted(url: str) -> str:

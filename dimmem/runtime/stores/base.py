@@ -1,24 +1,25 @@
-"""The one store interface of the memory runtime, kept by both backends: SQLite (`stores.sqlite`, the
-embedded default, one file) and Postgres + pgvector (`stores.postgres`, many processes and machines).
+"""The two seams of the memory store: what a SQL backend supplies (`Dialect`) and what a retrieval index
+is (`Index`). The record lifecycle itself is written once, over any dialect, in `stores.log.RecordLog`.
 
-Every read and write names one user; none crosses users. A record is `active` until it is superseded,
-merged into another or deleted; only active records are indexed (keywords, lexical, dense) and only
-active records can be revised or change status; a deleted record can be restored. Anything else raises
-`RecordStateError`, checked inside the caller's write transaction. Turns are insert-only; a
-conversation's windows are recorded pending until their records are stored.
+A dialect is the connection (or pool), transactions and the user's write lock, the few types SQL spells
+differently (arrays, JSON, days, flags), the migrations folder and how the applied version is kept, and
+the queries whose best plan differs between engines. Every SQL text in the store is written once, in
+SQLite's spelling with `?` placeholders and `{user}` for "this user's rows" (which a dialect may widen,
+e.g. with Postgres's tenant), and each dialect's `Sql` cursor translates it.
 
-Writes run inside `transaction()`: all of a block lands or none of it, also when the process is killed.
+An index keeps one retrieval path in step with the log: `upsert` and `remove` run inside the log's write
+transaction (an index with tables of its own writes them there; an in-process one follows the log's change
+stamps instead and does nothing), `clear` drops a user (`load(replace=True)`), `search` answers a query.
+Indexes are chosen by name (`stores.indexes.INDEXES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
-
-from dimmem.contract.conversation import Turn
 
 
 class RecordStateError(ValueError):
@@ -32,135 +33,103 @@ class RecordStateError(ValueError):
         )
 
 
-@runtime_checkable
-class Store(Protocol):
-    """What `Memory`, retrieval, the labels loader, the CLIs and `dimmem memory migrate` use of a store."""
+class Sql:
+    """One cursor of a transaction, speaking the store's SQL spelling (`?`, `{user}`) to the engine."""
 
+    def __init__(self, cursor: Any, translate: Callable[[str], str]):
+        self.cursor, self.translate = cursor, translate
+
+    def run(self, query: str, params: Sequence | dict = (), **options: Any) -> Any:
+        return self.cursor.execute(self.translate(query), params, **options)
+
+    def rows(self, query: str, params: Sequence | dict = (), **options: Any) -> list[dict]:
+        return [dict(r) for r in self.run(query, params, **options).fetchall()]
+
+    def row(self, query: str, params: Sequence | dict = ()) -> dict | None:
+        found = self.run(query, params).fetchone()
+        return dict(found) if found is not None else None
+
+    def many(self, query: str, rows: Iterable[Sequence]) -> None:
+        rows = list(rows)
+        if rows:
+            self.cursor.executemany(self.translate(query), rows)
+
+
+class Dialect(Protocol):
+    """A SQL engine under `RecordLog`."""
+
+    name: str
+    """"sqlite" or "postgres": the migrations folder and the default indexes."""
+    url: str
     serialized: bool
     """True: one connection, callers serialize their calls (SQLite); False: a pool, call from any thread."""
-    concurrent_dense: bool
-    """True: `dense` may run from any thread while other calls hold the caller's lock (it reads through
-    a connection of its own); False: serialize it like every other call."""
-    url: str
-    """Where the store lives: a SQLite path or a postgresql:// URL (show it through `redacted`)."""
+    user_key: str
+    """The columns a per-user row is unique on (an ON CONFLICT target)."""
+    for_update: str
+    """What locks a read row until commit ("" where the transaction already holds the writer's lock)."""
 
-    # --- schema and health --------------------------------------------------------------------------
-    def migrate(self) -> int:
-        """Apply the pending schema migrations; how many were applied (0: current)."""
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One atomic write block: all of it lands or none of it, also when the process is killed."""
+
+    def cursor(self, user_id: str, write: bool = False) -> AbstractContextManager[Sql]:
+        """A cursor on the block's connection (or a transaction of its own outside one) confined to the
+        user's rows. Inside a block the first one for a user takes the user's write lock, as does a
+        `write` one outside a block."""
+
+    def all_users(self) -> AbstractContextManager[tuple[Sql, str]]:
+        """A cursor that may read every user (of the store's tenant), and the WHERE clause that says so."""
+
+    def limit(self, n: int) -> Any:
+        """A LIMIT value; n < 0: none."""
+
+    def to_array(self, values: list) -> Any: ...
+    def from_array(self, value: Any) -> list: ...
+    def to_json(self, value: Any) -> Any: ...
+    def from_json(self, value: Any) -> Any: ...
+    def to_day(self, iso: str | None) -> Any: ...
+    def from_day(self, value: Any) -> str | None: ...
+    def to_flag(self, value: bool) -> Any: ...
+
+    def candidates(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
+        """`RecordLog.candidates`' query, planned for the engine."""
 
     def schema_version(self) -> int:
         """The number of the last migration applied."""
 
-    def ping(self) -> bool:
-        """A trivial query answers and the schema is this code's (readiness checks)."""
+    def migrate(self, migrations: list[tuple[int, str, str]]) -> int:
+        """Apply the migrations above `schema_version`, each atomically; how many were applied."""
 
-    def transaction(self) -> AbstractContextManager[Any]:
-        """One atomic write block; the writes below run inside one."""
+    def ping(self) -> bool:
+        """A trivial query answers (readiness checks)."""
+
+    def close(self) -> None: ...
+
+
+class Index(Protocol):
+    """One retrieval path over a user's active records."""
+
+    name: str
+    kind: str
+    """"lexical" (a query string) or "dense" (a query vector): which path it serves."""
+    concurrent: bool
+    """True: `search` may run while other calls hold the caller's store lock."""
+
+    def upsert(self, sql: Sql, user_id: str, record: dict, vector: np.ndarray | None) -> None:
+        """Index an active record (inside the log's write transaction)."""
+
+    def remove(self, sql: Sql, user_id: str, record_id: str) -> None:
+        """Forget a record that left `active`, or is about to be indexed again."""
+
+    def clear(self, sql: Sql, user_id: str) -> None:
+        """Forget every record of the user (the user is being replaced)."""
+
+    def search(self, user_id: str, query: Any, k: int) -> list[tuple[str, float]]:
+        """The k best active records: (id, score), best first."""
 
     def close(self) -> None:
-        """Release the connection(s)."""
+        """Release what the index holds (a connection of its own)."""
 
-    # --- writes -------------------------------------------------------------------------------------
-    def put_turns(self, user_id: str, conversation_id: str, turns: Iterable[Turn]) -> int:
-        """Append the turns not stored yet; a stored id with other role/text: ValueError; how many added."""
 
-    def put_windows(self, user_id: str, windows: Iterable[Any]) -> None:
-        """Record a conversation's new windows (contract `Window`s) as pending."""
-
-    def window_done(self, user_id: str, conversation_id: str, indexes: list[int]) -> None:
-        """Mark windows done: their records are stored."""
-
-    def insert(self, user_id: str, record: dict, vector: np.ndarray, action: str = "ADD") -> None:
-        """A new active record, indexed, version 1 in its history."""
-
-    def revise(self, user_id: str, record_id: str, fields: dict, vector: np.ndarray, action: str) -> int:
-        """A new version of an active record (KeyError, RecordStateError); the new version number."""
-
-    def set_status(self, user_id: str, record_id: str, status: str, action: str) -> None:
-        """An active record becomes superseded, merged or deleted (ValueError for any other status)."""
-
-    def restore(self, user_id: str, record_id: str, vector: np.ndarray) -> int:
-        """A deleted record active again, re-indexed; the new version number."""
-
-    # --- reads --------------------------------------------------------------------------------------
-    def get(self, user_id: str, record_id: str) -> dict | None:
-        """The record (any status), or None."""
-
-    def get_many(self, user_id: str, record_ids: list[str]) -> dict[str, dict]:
-        """{id: record} for those of the ids the user has."""
-
-    def records(self, user_id: str, status: str | None = "active") -> list[dict]:
-        """The user's records of a status (None: any), ordered by (created, id)."""
-
-    def page(
-        self,
-        user_id: str,
-        *,
-        type: str | None = None,
-        status: str | None = "active",
-        conversation_id: str | None = None,
-        span: tuple[str, str] | None = None,
-        after: tuple[float, str] | None = None,
-        limit: int = 100,
-    ) -> list[dict]:
-        """One keyset page of the user's records, filtered, ordered by (created, id)."""
-
-    def count(self, user_id: str) -> int:
-        """The user's active records."""
-
-    def history(self, user_id: str, record_id: str) -> list[dict]:
-        """The record's versions: [{"version", "action", "at", "record"}], oldest first."""
-
-    def turns(self, user_id: str, conversation_id: str) -> list[Turn]:
-        """The conversation's stored turns, in order."""
-
-    def turn_count(self, user_id: str, conversation_id: str) -> int:
-        """How many turns of the conversation are stored."""
-
-    def has_turns(self, user_id: str) -> bool:
-        """Whether any turns are stored for the user."""
-
-    def next_window_index(self, user_id: str, conversation_id: str) -> int:
-        """The index the conversation's next window gets."""
-
-    def pending_windows(self, user_id: str, conversation_id: str) -> list[tuple[int, list[str], list[str]]]:
-        """(index, context turn ids, new turn ids) of the windows not done, in order."""
-
-    def assistant_replies(self, user_id: str, conversation_id: str, turn_ids: list[str]) -> list[dict]:
-        """The assistant turns answering the given turns (the pointer's payoff)."""
-
-    # --- retrieval ----------------------------------------------------------------------------------
-    def candidates(
-        self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1
-    ) -> list[str]:
-        """Active records of the type(s) sharing a keyword, most shared first (-1: no limit)."""
-
-    def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
-        """BM25 over content, keywords and dimensions of active records: (id, score), best first."""
-
-    def dense(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """The k active records nearest by cosine: (id, similarity), best first."""
-
-    def lexical_stamp(self, user_id: str) -> tuple[int, int]:
-        """(epoch, seq): the user's last change to what the lexical index holds; `seq` grows with every
-        index or unindex of a record, `epoch` when the user is replaced wholesale (`load(replace=True)`)."""
-
-    def lexical_changes(self, user_id: str, after: int) -> list[dict]:
-        """The records whose index state changed after change number `after` (0: the active records), in
-        change order: id, status and the indexed fields (`lexical.document`)."""
-
-    def records_in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
-        """Active records whose time overlaps the day span, the latest-starting first."""
-
-    def vectors(self, user_id: str, record_ids: list[str]) -> tuple[list[str], np.ndarray]:
-        """(ids, float32 matrix) of the given active records' vectors, ordered by id."""
-
-    # --- moving a store (`dimmem memory migrate --from --to`) ---------------------------------------
-    def users(self) -> list[str]:
-        """Every user with records, turns or windows, sorted."""
-
-    def dump(self, user_id: str) -> dict:
-        """Everything of one user as raw rows: records, history, turns, windows, vectors (lossless)."""
-
-    def load(self, user_id: str, data: dict, replace: bool = False) -> None:
-        """Write a `dump` into this store in one transaction (replace: drop the user's rows first)."""
+class DenseIndex(Index, Protocol):
+    def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
+        """(ids, float32 matrix) of the given (None: all) active records' vectors, ordered by id."""

@@ -125,7 +125,8 @@ END $$;
 
 -- The runtime's group role: what the service needs, nothing more (no DDL, no DELETE of records or
 -- history). Operators create a login role in it: CREATE ROLE app LOGIN PASSWORD '...' IN ROLE dimmem_runtime.
--- An owner without CREATEROLE gets a notice instead; a superuser can create the role and re-run the grants.
+-- An owner without CREATEROLE stops here, before anything is applied: a superuser creates the role once
+-- (CREATE ROLE dimmem_runtime NOLOGIN), then the migration runs through.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dimmem_runtime') THEN
@@ -133,7 +134,9 @@ BEGIN
             CREATE ROLE dimmem_runtime NOLOGIN;
         EXCEPTION
             WHEN insufficient_privilege THEN
-                RAISE NOTICE 'dimmem: cannot create role dimmem_runtime; grant the runtime role by hand';
+                RAISE EXCEPTION 'role dimmem_runtime is missing and % may not create it',
+                    current_user
+                    USING HINT = 'a superuser runs CREATE ROLE dimmem_runtime NOLOGIN once, then migrate again';
             WHEN duplicate_object OR unique_violation THEN
                 NULL;  -- created meanwhile from another database of the cluster
         END;

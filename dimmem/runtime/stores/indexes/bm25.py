@@ -1,10 +1,10 @@
-"""The lexical path's index (`Store.lexical`, both backends): each user's postings held in memory and
-scored by BM25 with numpy, kept in step with the store.
+"""The lexical index `bm25` (`RecordLog.lexical`, both backends): each user's postings held in memory and
+scored by BM25 with numpy, kept in step with the record log.
 
-The store is the truth. Every write that indexes or unindexes a record stamps the record with the user's
+The log is the truth. Every write that indexes or unindexes a record stamps the record with the user's
 next change number (`seq`) in the same transaction, so a committed write is seen by the next search and a
 crashed one by none. Before each search the index reads the user's stamp (epoch, seq) and, when it moved,
-the records changed since (`Store.lexical_changes`): a changed record's old postings are dropped
+the records changed since (`RecordLog.lexical_changes`): a changed record's old postings are dropped
 (tombstoned) and an active one's new postings, from `lexical.document`, appended. A user is read from
 scratch on first use, when the store replaced the user wholesale (a new epoch) and when over half of
 the user's positions are tombstones.
@@ -103,12 +103,32 @@ class _User:
 
 
 class LexicalIndex:
+    name, kind = "bm25", "lexical"
+    concurrent = False  # reads the log through the caller's connection
+
     def __init__(self, store: Any, max_postings: int = 50_000_000):
-        """`store`: the store that owns the index (`lexical_stamp`, `lexical_changes`)."""
+        """`store`: the record log that owns the index (`lexical_stamp`, `lexical_changes`)."""
         self.store, self.max_postings = store, max_postings
         self.users: OrderedDict[str, _User] = OrderedDict()
         self.held = 0  # postings held, all users
         self.lock = threading.Lock()  # the users map and `held`; each user has a lock of its own
+
+    @classmethod
+    def from_options(cls, log: Any, options: dict) -> LexicalIndex:
+        return cls(log)
+
+    # the log's change numbers say what to re-read: nothing to write in its transactions
+    def upsert(self, sql: Any, user_id: str, record: dict, vector: Any) -> None:
+        pass
+
+    def remove(self, sql: Any, user_id: str, record_id: str) -> None:
+        pass
+
+    def clear(self, sql: Any, user_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def search(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
         """The user's k best active records for the query (any term matching): (id, BM25 score), best

@@ -1,0 +1,75 @@
+"""The dense index `pgvector` (Postgres): the active records' vectors in `record_vectors`, searched by
+pgvector's HNSW graph (cosine) in the database, so no process keeps a copy of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dimmem.runtime.stores.base import Sql
+
+DIMENSIONS = 384  # the embedding column (all-MiniLM-L6-v2); another embedder needs a migration
+
+
+def _vector(vector: np.ndarray) -> list[float]:
+    """A vector as a float list (sent as float8[], cast to vector: exact for float32 values)."""
+    values = np.asarray(vector, dtype=np.float32).ravel()
+    if values.size != DIMENSIONS:
+        raise ValueError(f"vector of {values.size} dimensions; the store holds {DIMENSIONS}")
+    return values.tolist()
+
+
+class PgVectors:
+    name, kind = "pgvector", "dense"
+    concurrent = True  # a pooled connection of its own per search
+
+    def __init__(self, log: Any):
+        self.log = log
+        self.iterative_scan = log.dialect.pgvector_version() >= (0, 8)  # complete filtered HNSW results
+
+    @classmethod
+    def from_options(cls, log: Any, options: dict) -> PgVectors:
+        return cls(log)
+
+    def upsert(self, sql: Sql, user_id: str, record: dict, vector: np.ndarray | None) -> None:
+        if vector is not None:  # (a copied record without a vector: found by the other paths only)
+            sql.run(
+                "INSERT INTO record_vectors (user_id, record_id, embedding) VALUES (?, ?, ?::vector)",
+                (user_id, record["id"], _vector(vector)),
+            )
+
+    def remove(self, sql: Sql, user_id: str, record_id: str) -> None:
+        sql.run("DELETE FROM record_vectors WHERE {user} AND record_id=?", (user_id, record_id))
+
+    def clear(self, sql: Sql, user_id: str) -> None:
+        sql.run("DELETE FROM record_vectors WHERE {user}", (user_id,))
+
+    def search(self, user_id: str, query: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """The `k` active records nearest by cosine: (id, cosine similarity), best first."""
+        with self.log.dialect.cursor(user_id) as sql:
+            sql.run("SELECT set_config('hnsw.ef_search', ?, true)", (str(min(max(40, k), 1000)),))
+            if self.iterative_scan:  # keep scanning the graph until k rows pass the user filter
+                sql.run("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
+            q = _vector(query)
+            rows = sql.rows(
+                "SELECT record_id, 1 - (embedding <=> ?::vector) AS score FROM record_vectors "
+                "WHERE {user} ORDER BY embedding <=> ?::vector LIMIT ?",
+                (q, user_id, q, k),
+            )
+        return [(r["record_id"], float(r["score"])) for r in rows]
+
+    def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
+        """(ids, matrix) of the given (None: all) active records' vectors, ordered by id."""
+        rows = sql.rows(
+            "SELECT record_id, embedding::real[] AS vec FROM record_vectors "
+            "WHERE {user} AND (?::text[] IS NULL OR record_id = ANY(?::text[])) ORDER BY record_id",
+            (user_id, record_ids, record_ids),
+            binary=True,  # float4[] in binary: exact, and far faster to load than text
+        )
+        if not rows:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        return [r["record_id"] for r in rows], np.array([r["vec"] for r in rows], dtype=np.float32)
+
+    def close(self) -> None:
+        pass
