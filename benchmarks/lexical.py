@@ -26,6 +26,7 @@ import numpy as np
 
 from dimmem.contract.loaders import load_conversations
 from dimmem.paths import shared_data
+from dimmem.runtime import lexical
 from dimmem.runtime.embed import make_embedder
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import lexical_terms
@@ -45,8 +46,8 @@ class SharedFTS5:
 
     def add(self, rows: list[tuple[str, dict]]) -> None:
         """Index (user id, record) pairs."""
-        body = lambda r: " ".join(  # noqa: E731
-            filter(None, [r["content"], " ".join(r["keywords"]), r["location"], r["reason"], r["purpose"]])
+        body = lambda r: " ".join(  # noqa: E731  (the runtime's indexed fields)
+            " ".join(v) if isinstance(v, list) else v for f in lexical.FIELDS if (v := r[f])
         )
         self.db.executemany("INSERT INTO fts VALUES (?,?,?)", [(r["id"], user, body(r)) for user, r in rows])
 

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from benchmarks.lexical import SharedFTS5
 from dimmem.contract.loaders import load_conversations
-from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.paths import shared_data, write_json
 from dimmem.runtime.embed import TextEncoder, make_embedder
 from dimmem.runtime.memory import Memory
@@ -78,15 +78,14 @@ def synthetic(n: int, texts: list[str], vectors: np.ndarray, seed: int = 0):
         yield (
             {
                 "id": f"r{i}",
-                "source_turns": [f"D1:{i}"],
-                "speaker": texts[j].split(":", 1)[0],
-                "content": content,
-                "type": TYPES[i % 3],
-                "time": day,
-                "location": None,
-                "reason": None,
-                "purpose": None,
-                "keywords": (content_words(content) or ["x"])[:8],
+                **memory_record(
+                    source_turns=[f"D1:{i}"],
+                    speaker=texts[j].split(":", 1)[0],
+                    content=content,
+                    type=TYPES[i % 3],
+                    time=day,
+                    keywords=(content_words(content) or ["x"])[:8],
+                ),
             },
             vector / np.linalg.norm(vector),
         )

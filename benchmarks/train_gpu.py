@@ -22,6 +22,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, TrainerCa
 
 from dimmem.config import Section, add_set_argument, load_config
 from dimmem.contract.prompts import load_prompt
+from dimmem.contract.records import memory_record
 from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR
 from train.args import parse_args
@@ -52,17 +53,15 @@ def synthetic_rows(tokenizer, seq: int, n: int) -> list[dict]:
     answer = json.dumps(
         {
             "memories": [
-                {
-                    "source_turns": [f"t{i}"],
-                    "speaker": "Ann",
-                    "content": f"Ann visited the museum on 2023-05-{i:02d}.",
-                    "type": "episodic",
-                    "time": f"2023-05-{i:02d}",
-                    "location": "the museum",
-                    "reason": None,
-                    "purpose": None,
-                    "keywords": ["Ann", "museum"],
-                }
+                memory_record(
+                    source_turns=[f"t{i}"],
+                    speaker="Ann",
+                    content=f"Ann visited the museum on 2023-05-{i:02d}.",
+                    type="episodic",
+                    time=f"2023-05-{i:02d}",
+                    location="the museum",
+                    keywords=["Ann", "museum"],
+                )
                 for i in range(1, 9)
             ]
         },

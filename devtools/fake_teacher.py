@@ -34,6 +34,7 @@ import httpx2
 from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
+from dimmem.contract.records import memory_record
 from dimmem.launch import Service, free_port
 
 # devtools is not installed: the server process finds it in the checkout this file is in, whatever its cwd
@@ -163,17 +164,13 @@ class FakeTeacher:
         if not turns:
             return {"memories": []}
         local_id, speaker, text = turns[0]
-        memory = {
-            "source_turns": [local_id],
-            "speaker": speaker,
-            "content": f"{speaker} said: {text}",
-            "type": "fact",
-            "time": None,
-            "location": None,
-            "reason": None,
-            "purpose": None,
-            "keywords": [speaker],
-        }
+        memory = memory_record(
+            source_turns=[local_id],
+            speaker=speaker,
+            content=f"{speaker} said: {text}",
+            type="fact",
+            keywords=[speaker],
+        )
         if behaviour == "schema":
             del memory["keywords"]
         elif behaviour == "overlap":

@@ -1,6 +1,6 @@
-"""The per-user lexical index (dimmem.runtime.lexical_index) over a real SQLite store: exact BM25 against
-a brute-force scorer through adds, revisions and deletions; per-user statistics; eviction; reload after
-tombstones; concurrent searches while a writer writes."""
+"""The per-user lexical index (dimmem.runtime.stores.indexes.bm25) over a real SQLite store: exact BM25
+against a brute-force scorer through adds, revisions and deletions; per-user statistics; eviction;
+reload after tombstones; concurrent searches while a writer writes."""
 
 import math
 import random
