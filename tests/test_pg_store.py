@@ -415,7 +415,7 @@ def test_sigkill_mid_transaction_leaves_nothing(store, url):
 
 
 def test_both_backends_keep_one_store_contract(url, tmp_path):
-    """The lifecycle, windows and turns of `base.Store`, the same calls on SQLite and Postgres."""
+    """The lifecycle, windows and turns of the record log, the same calls on SQLite and Postgres."""
     stores = {"sqlite": open_store(str(tmp_path / "s.sqlite")), "postgres": open_store(url)}
     assert (stores["sqlite"].serialized, stores["postgres"].serialized) == (True, False)
     seen = {}
