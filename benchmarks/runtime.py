@@ -176,7 +176,7 @@ def bench_size(
     memory = memory_of(fresh(name))
     store, batch, kept, reference_seconds = memory.store, 10_000, [], 0.0
     owner = [f"u{i % users}" for i in range(n)]
-    fts5 = SharedFTS5() if hasattr(store, "db") else None  # SQLite: the lexical path before, beside it
+    fts5 = SharedFTS5() if store.dialect.name == "sqlite" else None  # SQLite: the lexical path before
     rows = synthetic(n, texts, vectors)
     start = time.perf_counter()
     with tqdm(total=n, desc=f"fill {n:,} / {users:,} users", unit="rec", disable=None) as bar:
