@@ -48,7 +48,7 @@ _TURN_COLUMNS = (
     "session_time",
     "session_id",
 )
-_INSERT_TURN = f"INSERT INTO turns (user_id, {', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' * 9)})"
+_INSERT_TURN = f"INSERT INTO turns (user_id, {', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' * (1 + len(_TURN_COLUMNS)))})"
 _INSERT_HISTORY = (
     "INSERT INTO record_history (user_id, record_id, version, action, snapshot, at) VALUES (?,?,?,?,?,?)"
 )
@@ -56,6 +56,9 @@ _CHUNK = 500  # ids per IN (...) list: under SQLite's bound-parameter limit
 
 
 class RecordLog:
+    """The memory store: records, their history and the conversations they point into, in one SQL
+    database, with its retrieval indexes (`indexes["lexical"]`, `indexes["dense"]`) kept in step."""
+
     def __init__(
         self,
         dialect: Dialect,
