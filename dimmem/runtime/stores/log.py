@@ -48,7 +48,10 @@ _TURN_COLUMNS = (
     "session_time",
     "session_id",
 )
-_INSERT_TURN = f"INSERT INTO turns (user_id, {', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' * (1 + len(_TURN_COLUMNS)))})"
+_INSERT_TURN = (
+    f"INSERT INTO turns (user_id, {', '.join(_TURN_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * (1 + len(_TURN_COLUMNS)))})"
+)
 _INSERT_HISTORY = (
     "INSERT INTO record_history (user_id, record_id, version, action, snapshot, at) VALUES (?,?,?,?,?,?)"
 )
