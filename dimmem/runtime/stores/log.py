@@ -303,9 +303,8 @@ class RecordLog:
     def count(self, user_id: str) -> int:
         """The user's active records."""
         with self.dialect.cursor(user_id) as sql:
-            return sql.row("SELECT count(*) AS n FROM records WHERE {user} AND status='active'", (user_id,))[
-                "n"
-            ]
+            row = sql.row("SELECT count(*) AS n FROM records WHERE {user} AND status='active'", (user_id,))
+        return row["n"]
 
     def history(self, user_id: str, record_id: str) -> list[dict]:
         """The record's versions: [{"version", "action", "at", "record"}], oldest first."""
