@@ -84,7 +84,7 @@ class PostgresDialect:
         self.url, self.tenant = url, tenant
         self.pool_min, self.pool_max = pool_min, pool_max
         self._local = threading.local()
-        self.pool: ConnectionPool | None = None  # opened by `open`, after any migration
+        self.pool: ConnectionPool | None = None  # opened by `open`
 
     def open(self) -> None:
         """Open the pool; warn when the role passes row-level security."""
