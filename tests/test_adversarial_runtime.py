@@ -22,6 +22,7 @@ from datetime import date
 import numpy as np
 import pytest
 
+from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
 from dimmem.runtime.stores.indexes.bm25 import LexicalIndex
@@ -59,19 +60,15 @@ class WordEmbedder:
 
 
 def rec(id, content, **fields):
-    base = {
-        "id": id,
-        "source_turns": ["D1:1"],
-        "speaker": "Ann",
-        "content": content,
-        "type": "episodic",
-        "time": "2023-04-02",
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": ["Ann", "hiking", "Eagle Peak"],
-    }
-    return {**base, **fields}
+    base = memory_record(
+        source_turns=["D1:1"],
+        speaker="Ann",
+        content=content,
+        type="episodic",
+        time="2023-04-02",
+        keywords=["Ann", "hiking", "Eagle Peak"],
+    )
+    return {"id": id, **base, **fields}
 
 
 def index_problems(db: sqlite3.Connection) -> list[str]:
@@ -195,7 +192,7 @@ def count_records(url: str) -> int:
 
 def scripted(new: dict, candidate: dict, similarity: float) -> dict:
     """MERGE or SUPERSEDE as the new record's content asks."""
-    memory = {k: new[k] for k in ("source_turns", "speaker", "type", "time", "location", "reason", "purpose")}
+    memory = {k: new[k] for k in MEMORY_FIELDS}
     memory |= {"content": candidate["content"] + " Again.", "keywords": candidate["keywords"]}
     memory["source_turns"] = list(dict.fromkeys(candidate["source_turns"] + new["source_turns"]))
     action = "SUPERSEDE" if "superseding" in new["content"] else "MERGE"

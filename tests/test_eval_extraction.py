@@ -7,32 +7,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dimmem.contract.records import memory_record
 from dimmem.contract.validate import TurnScope
 from eval.metrics import MATCH_THRESHOLD, aggregate, score_window, token_f1
 
 SCOPE = TurnScope({"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob"}, frozenset({"t3", "t4"}))
-HIKE = {
-    "source_turns": ["t3"],
-    "speaker": "Ann",
-    "content": "Ann went hiking at Eagle Peak with her dog.",
-    "type": "episodic",
-    "time": "2023-05-06",
-    "location": "Eagle Peak",
-    "reason": None,
-    "purpose": "to train for a marathon",
-    "keywords": ["Ann", "hiking", "Eagle Peak"],
-}
-JOB = {
-    "source_turns": ["t4"],
-    "speaker": "Bob",
-    "content": "Bob works as a nurse at the city hospital.",
-    "type": "fact",
-    "time": None,
-    "location": "city hospital",
-    "reason": None,
-    "purpose": None,
-    "keywords": ["Bob", "nurse"],
-}
+HIKE = memory_record(
+    source_turns=["t3"],
+    speaker="Ann",
+    content="Ann went hiking at Eagle Peak with her dog.",
+    type="episodic",
+    time="2023-05-06",
+    location="Eagle Peak",
+    purpose="to train for a marathon",
+    keywords=["Ann", "hiking", "Eagle Peak"],
+)
+JOB = memory_record(
+    source_turns=["t4"],
+    speaker="Bob",
+    content="Bob works as a nurse at the city hospital.",
+    type="fact",
+    location="city hospital",
+    keywords=["Bob", "nurse"],
+)
 REFERENCE = json.dumps({"memories": [HIKE, JOB]})
 
 

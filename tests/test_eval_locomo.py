@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dimmem.contract.loaders.locomo import load_locomo
+from dimmem.contract.records import memory_record
 from dimmem.contract.windows import window_conversations
 from eval.cli import main as eval_main
 from eval.locomo_gold import best_f1_threshold, calibrate, conversation_gold, fit_thresholds
@@ -27,17 +28,14 @@ def record(window, turn_ids: list[str], content: str, time: str | None = None) -
     """A memory of `window` citing global turn ids, as a model writes it (window-local ids)."""
     local = dict(zip((t.id for t in window.turns), window.local_ids))
     speaker = next(t.speaker for t in window.turns if t.id == turn_ids[0])
-    return {
-        "source_turns": [local[t] for t in turn_ids],
-        "speaker": speaker,
-        "content": content,
-        "type": "fact",
-        "time": time,
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": [speaker],
-    }
+    return memory_record(
+        source_turns=[local[t] for t in turn_ids],
+        speaker=speaker,
+        content=content,
+        type="fact",
+        time=time,
+        keywords=[speaker],
+    )
 
 
 def of(windows, conv):

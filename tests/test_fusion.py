@@ -3,6 +3,7 @@ states, score fusion against RRF on crafted rankings, and BM25 on its calibrated
 
 import pytest
 
+from dimmem.contract.records import memory_record
 from dimmem.runtime.query import parse_location, parse_query_rules
 from dimmem.runtime.retrieval import dimension_ceiling, rrf, score_fusion
 
@@ -61,16 +62,17 @@ def memory(tmp_path):
     from dimmem.runtime.memory import Memory
 
     memory = Memory({"store": str(tmp_path / "m.sqlite")}, embedder=make_embedder())
-    base = {"speaker": "Bob", "reason": None, "purpose": None, "source_turns": ["D1:1"]}
+
+    def bob(id, **fields):
+        return {"id": id, **memory_record(speaker="Bob", source_turns=["D1:1"], **fields)}
+
     memory.add_records(
         [
-            {**base, "id": "hike", "content": "Bob went hiking at the harbor on 2023-05-07.",
-             "type": "episodic", "time": "2023-05-07", "location": "the harbor",
-             "keywords": ["Bob", "hiking", "the harbor"]},
-            {**base, "id": "race", "content": "Bob ran a race in the park on 2023-08-01.", "type": "episodic",
-             "time": "2023-08-01", "location": "the park", "keywords": ["Bob", "race"]},
-            {**base, "id": "jazz", "content": "Bob loves jazz.", "type": "profile", "time": None,
-             "location": None, "keywords": ["Bob", "jazz"]},
+            bob("hike", content="Bob went hiking at the harbor on 2023-05-07.", type="episodic",
+                time="2023-05-07", location="the harbor", keywords=["Bob", "hiking", "the harbor"]),
+            bob("race", content="Bob ran a race in the park on 2023-08-01.", type="episodic",
+                time="2023-08-01", location="the park", keywords=["Bob", "race"]),
+            bob("jazz", content="Bob loves jazz.", type="profile", keywords=["Bob", "jazz"]),
         ],
         user_id="bob",
         consolidate=False,

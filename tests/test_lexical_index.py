@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from dimmem.contract.records import memory_record
 from dimmem.runtime import lexical
 from dimmem.runtime.stores.indexes.bm25 import K1, B, LexicalIndex
 from dimmem.runtime.stores.sqlite import SQLiteStore
@@ -18,18 +19,7 @@ WORDS += ["alps", "chess", "bread", "river"]
 
 
 def record(rid: str, content: str) -> dict:
-    return {
-        "id": rid,
-        "type": "fact",
-        "speaker": "Ann",
-        "content": content,
-        "time": None,
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": [],
-        "source_turns": ["D1:1"],
-    }
+    return {"id": rid, **memory_record(type="fact", speaker="Ann", content=content, source_turns=["D1:1"])}
 
 
 def brute_force(records: list[dict], query: str, k: int) -> list[tuple[str, float]]:

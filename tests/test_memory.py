@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from dimmem.contract.conversation import Conversation, Turn
+from dimmem.contract.records import memory_record
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
 from dimmem.runtime.stores import open_store
@@ -22,17 +23,9 @@ MIGRATIONS = migrations("sqlite")
 
 
 def rec(**fields):
-    base = {
-        "source_turns": ["D1:1"],
-        "speaker": "Ann",
-        "content": "Ann said something.",
-        "type": "episodic",
-        "time": None,
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": ["Ann"],
-    }
+    base = memory_record(
+        source_turns=["D1:1"], speaker="Ann", content="Ann said something.", type="episodic", keywords=["Ann"]
+    )
     return {**base, **fields}
 
 
@@ -300,14 +293,14 @@ def test_upgrade_indexes_the_records_already_stored(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
+    from dimmem.contract.records import memory_record
     from dimmem.runtime.stores import open_store
     store = open_store(sys.argv[1])
     user, start, count, pause = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     import time
     for i in range(start, start + count):
-        rec = {"id": f"{user}-{i}", "type": "fact", "speaker": "Ann", "content": f"fact {i}", "time": None,
-               "location": None, "reason": None, "purpose": None, "keywords": ["Ann", f"k{i}"],
-               "source_turns": ["D1:1"]}
+        rec = {"id": f"{user}-{i}", **memory_record(type="fact", speaker="Ann", content=f"fact {i}",
+                                                     keywords=["Ann", f"k{i}"], source_turns=["D1:1"])}
         with store.transaction():
             store.insert(user, rec, np.ones(384, dtype=np.float32) / 384**0.5)
             time.sleep(pause)  # inside the transaction: a kill here must leave no partial record

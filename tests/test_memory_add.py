@@ -13,6 +13,7 @@ from datagen_helpers import mock_client
 from data_gen.config import DatagenConfig
 from data_gen.run import run
 from devtools.fake_teacher import FakeTeacher
+from dimmem.contract.records import memory_record
 from dimmem.contract.toyworld import generate_dialogue
 from dimmem.llm import FatalModelError, ModelClient, ModelConfig, ModelError
 from dimmem.runtime.consolidate import ModelConsolidator
@@ -133,17 +134,14 @@ def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_d
     assert parser.stats == {"unavailable": 1}
     up = ModelQueryParser(served(FakeTeacher()))
     assert up("anything", "2023-06-01")["keywords"] == ["question"] and up.stats == {"model": 1}
-    new = {
-        "source_turns": ["D2:1"],
-        "speaker": "Ann",
-        "content": "Ann lives in Porto.",
-        "type": "fact",
-        "time": None,
-        "location": "Porto",
-        "reason": None,
-        "purpose": None,
-        "keywords": ["Ann", "home"],
-    }
+    new = memory_record(
+        source_turns=["D2:1"],
+        speaker="Ann",
+        content="Ann lives in Porto.",
+        type="fact",
+        location="Porto",
+        keywords=["Ann", "home"],
+    )
     old = {**new, "source_turns": ["D1:1"], "content": "Ann lives in Lisbon.", "location": "Lisbon"}
     assert ModelConsolidator(down())(new, old, 0.9)["action"] == "SUPERSEDE"  # the rule for facts
     assert ModelConsolidator(served(FakeTeacher()))(new, old, 0.9) == {"action": "KEEP_BOTH", "memory": None}
@@ -236,15 +234,9 @@ def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):  # SQLite's 
                 "u",
                 {
                     "id": f"r{i}",
-                    "source_turns": ["t"],
-                    "speaker": "A",
-                    "content": "x",
-                    "type": "fact",
-                    "time": None,
-                    "location": None,
-                    "reason": None,
-                    "purpose": None,
-                    "keywords": ["k"],
+                    **memory_record(
+                        source_turns=["t"], speaker="A", content="x", type="fact", keywords=["k"]
+                    ),
                 },
                 v,
             )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dimmem.config import ConfigError
+from dimmem.contract.records import memory_record
 from dimmem.runtime.config import MemoryConfig
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
@@ -45,19 +46,10 @@ class WordVectors:
 
 
 def rec(id, content, keywords, **fields):
-    base = {
-        "id": id,
-        "source_turns": ["D1:1"],
-        "speaker": "Bob",
-        "content": content,
-        "type": "fact",
-        "time": None,
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": keywords,
-    }
-    return {**base, **fields}
+    base = memory_record(
+        source_turns=["D1:1"], speaker="Bob", content=content, type="fact", keywords=keywords
+    )
+    return {"id": id, **base, **fields}
 
 
 # --- dedup: the authors' fusion ----------------------------------------------------------------------------

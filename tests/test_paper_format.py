@@ -20,6 +20,7 @@ from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.formats import extract_format
 from dimmem.contract.loaders.locomo import load_locomo
 from dimmem.contract.paper_format import read_lines
+from dimmem.contract.records import memory_record
 from dimmem.contract.validate import validate
 from dimmem.contract.windows import make_windows
 from dimmem.llm import ModelClient, ModelConfig
@@ -70,17 +71,13 @@ def test_import_writes_the_datagen_outputs_with_every_bad_row_quarantined_for_it
 def test_imported_memories_are_contract_records(imported):
     labels = {r["window_id"]: r for r in map(json.loads, (imported / "labels.jsonl").open(encoding="utf-8"))}
     first = labels["Ravi-conv7_v0/w0000"]["value"]["memories"]
-    assert first[1] == {
-        "source_turns": ["t3"],
-        "speaker": "Ravi",
-        "content": "Ravi works with spreadsheets all day.",
-        "type": "fact",
-        "time": None,  # "" is null in the contract
-        "location": None,
-        "reason": None,
-        "purpose": None,
-        "keywords": ["Ravi", "spreadsheets", "job"],
-    }
+    assert first[1] == memory_record(  # their "" time and dimensions are null in the contract
+        source_turns=["t3"],
+        speaker="Ravi",
+        content="Ravi works with spreadsheets all day.",
+        type="fact",
+        keywords=["Ravi", "spreadsheets", "job"],
+    )
     # the second window's context (messages 1-2) is stated by its system message; message 4 is t4
     second = labels["Ravi-conv7_v0/w0001"]
     assert [m["source_turns"] for m in second["value"]["memories"]] == [["t3"], ["t4"]]
@@ -314,8 +311,7 @@ def test_what_their_format_cannot_carry_is_counted(tmp_path):
         Turn("s1:3", "user", "user", "I work at the harbour.", "s1", "2024-01-05T09:00"),
     ]
     (window,) = make_windows(Conversation("c", turns), 5, 1)
-    memory = {"speaker": "user", "content": "x", "type": "fact", "time": None, "location": None}
-    memory |= {"reason": None, "purpose": None, "keywords": ["Oslo"]}
+    memory = memory_record(speaker="user", content="x", type="fact", keywords=["Oslo"])
     answer = {"memories": [{**memory, "source_turns": ["t3", "t1"]}, {**memory, "source_turns": ["t2"]}]}
     paper, lost = USER_ONLY.from_contract(answer, window)
     assert lost == 1 and [m["source_id"] for m in paper["memories"]] == [1]  # the earliest shown: t1

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from dimmem.contract.conversation import Turn
+from dimmem.contract.records import memory_record
 from dimmem.contract.windows import Window
 from dimmem.runtime.stores import RecordLog, RecordStateError, open_store, schema
 from dimmem.runtime.stores.indexes.pgvector import DIMENSIONS
@@ -59,19 +60,10 @@ def unit(seed: int) -> np.ndarray:
 
 
 def record(rid: str, content: str, keywords: list[str], time_: str | None = None, **extra) -> dict:
-    return {
-        "id": rid,
-        "type": extra.pop("type", "episodic"),
-        "speaker": "Ann",
-        "content": content,
-        "time": time_,
-        "location": extra.pop("location", None),
-        "reason": None,
-        "purpose": None,
-        "keywords": keywords,
-        "source_turns": extra.pop("source_turns", ["D1:1"]),
-        **extra,
-    }
+    base = memory_record(
+        type="episodic", speaker="Ann", content=content, time=time_, keywords=keywords, source_turns=["D1:1"]
+    )
+    return {"id": rid, **base, **extra}
 
 
 CORPUS = [
@@ -388,11 +380,11 @@ def test_sigkill_mid_transaction_leaves_nothing(store, url):
         f"""
         import sys
         import numpy as np
+        from dimmem.contract.records import memory_record
         from dimmem.runtime.stores.postgres import PostgresStore
         store = PostgresStore(sys.argv[1], tenant="acme", migrate=False)
         vec = np.ones({DIMENSIONS}, dtype=np.float32) / {DIMENSIONS} ** 0.5
-        rec = dict(type="fact", speaker="Ann", time=None, location=None, reason=None, purpose=None,
-                   keywords=["loop"], source_turns=["D1:1"])
+        rec = memory_record(type="fact", speaker="Ann", keywords=["loop"], source_turns=["D1:1"])
         with store.transaction():
             store.put_turns("ann", "killed", [])
             for i in range(10**6):

@@ -25,11 +25,13 @@ from pydantic import ValidationError
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.records import (
+    DIMENSIONS,
     MEMORY_FIELDS,
     MEMORY_TYPES,
     TASK_MODELS,
     canonical_json,
     json_schema,
+    memory_record,
     window_schema,
 )
 from dimmem.contract.timespan import parse_span
@@ -93,17 +95,15 @@ def valid_memories(draw, scope: TurnScope) -> dict:
     citable = scope.citable()
     speaker = draw(st.sampled_from(sorted(citable)))
     turns = draw(st.lists(st.sampled_from(citable[speaker]), min_size=1, max_size=3, unique=True))
-    return {
-        "source_turns": turns,
-        "speaker": speaker,
-        "content": draw(words),
-        "type": draw(st.sampled_from(MEMORY_TYPES)),
-        "time": draw(st.none() | valid_times()),
-        "location": draw(nullable_words),
-        "reason": draw(nullable_words),
-        "purpose": draw(nullable_words),
-        "keywords": draw(unique_keywords()),
-    }
+    return memory_record(
+        source_turns=turns,
+        speaker=speaker,
+        content=draw(words),
+        type=draw(st.sampled_from(MEMORY_TYPES)),
+        time=draw(st.none() | valid_times()),
+        **{name: draw(nullable_words) for name in DIMENSIONS},  # every free-text dimension, in order
+        keywords=draw(unique_keywords()),
+    )
 
 
 @st.composite

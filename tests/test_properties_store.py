@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dimmem.contract.records import memory_record
 from dimmem.runtime.memory import Memory, RecordStateError
 
 USERS = ("ann", "bob")
@@ -48,15 +49,14 @@ def records(user: str):
     return st.builds(
         lambda id, phrase, type, time, keywords, turn: {
             "id": id,
-            "source_turns": [f"D1:{turn}"],
-            "speaker": speaker,
-            "content": f"{speaker} {phrase}.",
-            "type": type,
-            "time": time,
-            "location": None,
-            "reason": None,
-            "purpose": None,
-            "keywords": [speaker, *keywords],
+            **memory_record(
+                source_turns=[f"D1:{turn}"],
+                speaker=speaker,
+                content=f"{speaker} {phrase}.",
+                type=type,
+                time=time,
+                keywords=[speaker, *keywords],
+            ),
         },
         st.sampled_from(IDS),
         st.sampled_from(PHRASES),

@@ -6,23 +6,28 @@ import openai
 import pytest
 from jsonschema import Draft202012Validator
 
-from dimmem.contract.records import TASK_MODELS, canonical_json, json_schema, response_format, window_schema
+from dimmem.contract.records import (
+    TASK_MODELS,
+    canonical_json,
+    json_schema,
+    memory_record,
+    response_format,
+    window_schema,
+)
 from dimmem.contract.validate import TurnScope, validate
 
 DESIGN_EXAMPLE = {
     "memories": [
-        {
-            "source_turns": ["t6", "t7"],
-            "speaker": "Caroline",
-            "content": "Caroline attended an LGBTQ support group on 2023-05-07 and found the transgender "
+        memory_record(
+            source_turns=["t6", "t7"],
+            speaker="Caroline",
+            content="Caroline attended an LGBTQ support group on 2023-05-07 and found the transgender "
             "stories inspiring.",
-            "type": "episodic",
-            "time": "2023-05-07",
-            "location": None,
-            "reason": "she wanted support while coming out",
-            "purpose": None,
-            "keywords": ["Caroline", "LGBTQ support group", "transgender stories"],
-        }
+            type="episodic",
+            time="2023-05-07",
+            reason="she wanted support while coming out",
+            keywords=["Caroline", "LGBTQ support group", "transgender stories"],
+        )
     ]
 }
 EXAMPLES = {

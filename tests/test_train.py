@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from dimmem.contract.records import canonical_json, memory_record
 from dimmem.contract.tokens import render_prompt
 from dimmem.paths import CONFIG_DIR, REPO_ROOT, shared_data
 from train.args import QWEN3_LINEAR, parse_args
@@ -22,9 +23,21 @@ MESSAGES = [
     {"role": "user", "content": "t1 Ann: I adopted a cat named Miso yesterday."},
     {
         "role": "assistant",
-        "content": '{"memories":[{"source_turns":["t1"],"speaker":"Ann","content":"Ann adopted a cat named '
-        'Miso on 2024-01-01.","type":"episodic","time":"2024-01-01","location":null,"reason":null,'
-        '"purpose":null,"keywords":["Ann","Miso"]}]}',
+        "content": canonical_json(  # the answer as a model is trained to write it
+            "extract",
+            {
+                "memories": [
+                    memory_record(
+                        source_turns=["t1"],
+                        speaker="Ann",
+                        content="Ann adopted a cat named Miso on 2024-01-01.",
+                        type="episodic",
+                        time="2024-01-01",
+                        keywords=["Ann", "Miso"],
+                    )
+                ]
+            },
+        ),
     },
 ]
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from dimmem.contract.records import memory_record
 from dimmem.contract.validate import RULES, TASK_RULES, TurnScope, time_problem, validate
 
 # A window t1..t5: t1-t2 are overlap context, t3-t5 are new.
@@ -14,17 +15,15 @@ SCOPE = TurnScope(
 
 
 def memory(**overrides):
-    base = {
-        "source_turns": ["t3"],
-        "speaker": "Ann",
-        "content": "Ann adopted a cat named Miso on 2024-01-02.",
-        "type": "episodic",
-        "time": "2024-01-02",
-        "location": "Lisbon",
-        "reason": None,
-        "purpose": None,
-        "keywords": ["Ann", "cat", "Miso"],
-    }
+    base = memory_record(
+        source_turns=["t3"],
+        speaker="Ann",
+        content="Ann adopted a cat named Miso on 2024-01-02.",
+        type="episodic",
+        time="2024-01-02",
+        location="Lisbon",
+        keywords=["Ann", "cat", "Miso"],
+    )
     return {**base, **overrides}
 
 
