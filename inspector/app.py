@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 
-from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.records import DIMENSIONS, MEMORY_TYPES
 from dimmem.runtime.memory import STATUSES
 from inspector.config import InspectConfig
 from inspector.datagen import DatagenOutput, pretty, window_turns
@@ -34,6 +34,7 @@ def build_app(sources: list, config: InspectConfig) -> FastAPI:
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["pretty"] = pretty
+    templates.env.globals["dimensions"] = DIMENSIONS  # the contract's free-text dimensions, in its order
     templates.env.filters["timestamp"] = lambda t: datetime.fromtimestamp(t, UTC).strftime(
         "%Y-%m-%d %H:%M:%S UTC"
     )
