@@ -43,11 +43,21 @@ class Sql:
         return self.cursor.execute(self.translate(query), params, **options)
 
     def rows(self, query: str, params: Sequence | dict = (), **options: Any) -> list[dict]:
-        return [dict(r) for r in self.run(query, params, **options).fetchall()]
+        found = self.run(query, params, **options).fetchall()
+        return found if not found or isinstance(found[0], dict) else [dict(r) for r in found]
 
     def row(self, query: str, params: Sequence | dict = ()) -> dict | None:
         found = self.run(query, params).fetchone()
-        return dict(found) if found is not None else None
+        return found if found is None or isinstance(found, dict) else dict(found)
+
+    def first_column(self, query: str, params: Sequence | dict = ()) -> list:
+        """The first column of every row (no row turned into a dict: a lookup returns hundreds)."""
+        found = self.run(query, params).fetchall()
+        return (
+            [next(iter(r.values())) for r in found]
+            if found and isinstance(found[0], dict)
+            else [r[0] for r in found]
+        )
 
     def many(self, query: str, rows: Iterable[Sequence]) -> None:
         rows = list(rows)

@@ -340,7 +340,7 @@ class RecordLog:
         first, last, limit = self.dialect.to_day(start), self.dialect.to_day(end), self.dialect.limit(limit)
         active = "FROM records WHERE {user} AND status='active'"
         with self.dialect.cursor(user_id) as sql:
-            rows = sql.rows(
+            return sql.first_column(
                 f"SELECT id FROM (SELECT * FROM (SELECT id, t_start {active} AND t_start BETWEEN ? AND ? "
                 "ORDER BY t_start DESC, id LIMIT ?) inside UNION ALL "
                 f"SELECT id, t_start FROM (SELECT id, t_start, t_end {active} AND t_start < ? "
@@ -348,7 +348,6 @@ class RecordLog:
                 "ORDER BY t_start DESC, id LIMIT ?",
                 (user_id, first, last, limit, user_id, first, limit, first, limit),
             )
-        return [r["id"] for r in rows]
 
     def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
         """The lexical index's k best active records for the query: (id, score), best first."""
@@ -624,16 +623,16 @@ class RecordLog:
         return out
 
     def _decode(self, row: dict) -> dict:
-        """A stored row as records are returned (lists as lists, days as ISO text); only the record's columns
-        (not `seq`, the indexes' bookkeeping)."""
-        out = {c: row[c] for c in schema.COLUMNS if c in row}
+        """A row of record columns (a search reads hundreds) as records are returned, in place: lists as
+        lists, days as ISO text."""
+        from_array, from_day = self.dialect.from_array, self.dialect.from_day
         for name in schema.LIST_FIELDS:
-            if name in out:
-                out[name] = self.dialect.from_array(out[name])
+            if name in row:
+                row[name] = from_array(row[name])
         for name in schema.DAY_SPAN:
-            if name in out:
-                out[name] = self.dialect.from_day(out[name])
-        return out
+            if name in row:
+                row[name] = from_day(row[name])
+        return row
 
     def _snapshot_of(self, row: dict) -> dict:
         """A history snapshot in the record's column order (jsonb keeps none)."""
