@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     query = lexical_terms(qa["question"])
                     ranked = {"FTS5, one index for all users (before)": fts5.search(conv.id, query, 50)}
                     for name, memory in stores.items():
-                        ranked[name] = [rid for rid, _ in memory.store.lexical(conv.id, query, 50)]
+                        ranked[name] = [rid for rid, _ in memory.store.lookup.lexical(conv.id, query, 50)]
                     for name, ids in ranked.items():
                         score = score_ranking(ids, sources, evidence_of(qa), [10])["recall@10"]
                         recalls.setdefault(name, []).append(score)

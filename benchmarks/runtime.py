@@ -214,9 +214,11 @@ def bench_size(
     if fts5 is not None:
         _, before = timed(lambda u, q: fts5.search(u, lexical_terms(q), 50), [(u, q) for u, q, _ in asked])
         result["bm25_fts5"] = percentiles(before)
-    _, lexical = timed(lambda u, q: store.lexical(u, lexical_terms(q), 50), [(u, q) for u, q, _ in asked])
+    _, lexical = timed(
+        lambda u, q: store.lookup.lexical(u, lexical_terms(q), 50), [(u, q) for u, q, _ in asked]
+    )
     result["bm25"] = percentiles(lexical)
-    hits, dense = timed(lambda u, v: store.dense(u, v, 50), [(u, v) for u, _, v in asked])
+    hits, dense = timed(lambda u, v: store.lookup.dense(u, v, 50), [(u, v) for u, _, v in asked])
     result["dense"] = percentiles(dense)
     recalls = []  # against the exact neighbours among the user's own vectors
     for user in dict.fromkeys(u for u, _, _ in asked):

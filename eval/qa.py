@@ -181,7 +181,7 @@ def run_qa(
         unit="conv",
         disable=None,
     ):
-        if memory.store.has_turns(conv.id):
+        if memory.store.conversations.has_turns(conv.id):
             continue  # already in the store from an earlier (interrupted) run
         if by_conversation is not None:
             memory.add_records(by_conversation.get(conv.id, []), user_id=conv.id, conversation=conv)

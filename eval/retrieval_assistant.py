@@ -57,7 +57,9 @@ def run_assistant_recall(
                 every = [
                     t
                     for h in result.hits
-                    for t in records.store.assistant_replies(conv.id, conv.id, h.record["source_turns"])
+                    for t in records.store.conversations.assistant_replies(
+                        conv.id, conv.id, h.record["source_turns"]
+                    )
                 ]
                 given = {
                     "dynamic": result.assistant_context,

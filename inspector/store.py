@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from dimmem.runtime.stores import is_postgres, redacted, sqlite_path
+from dimmem.runtime.stores import is_postgres, redacted, sqlite_path, transfer
 from inspector.problems import Problem
 
 TURNS_AROUND = 2  # turns shown before and after a record's source turns
@@ -59,7 +59,7 @@ class MemoryStore:
 
     def users(self) -> list[str]:
         with self.lock:
-            return self.memory.store.users()
+            return transfer.users(self.memory.store)
 
     def count(self, user: str) -> int:
         with self.lock:
@@ -88,7 +88,7 @@ class MemoryStore:
                 raise Problem(404, "No such record", f"user {user!r} has no record {record_id!r}.")
             history = self.memory.history(record_id, user_id=user)
             turns = (
-                self.memory.store.turns(user, record["conversation_id"])
+                self.memory.store.conversations.turns(user, record["conversation_id"])
                 if record.get("conversation_id")
                 else []
             )

@@ -25,6 +25,7 @@ import pytest
 from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
+from dimmem.runtime.stores import transfer
 from dimmem.runtime.stores.indexes.bm25 import LexicalIndex
 from dimmem.runtime.stores.indexes.memory_vectors import MemoryVectors
 from dimmem.runtime.stores.sqlite import SQLiteStore
@@ -125,10 +126,10 @@ def lexical_problems(memory: Memory) -> list[str]:
     """The store's long-lived lexical index, brought up to date incrementally, holds exactly the active
     records and ranks as an index read from scratch does."""
     problems, fresh = [], LexicalIndex(memory.store)
-    for user in memory.store.users():
+    for user in transfer.users(memory.store):
         active = memory.store.records(user)
         for record in active[:20]:
-            live = memory.store.lexical(user, record["content"], 10)
+            live = memory.store.lookup.lexical(user, record["content"], 10)
             if live != fresh.search(user, record["content"], 10):
                 problems.append(f"{user}: {record['content']!r} ranks otherwise than from scratch")
         held = memory.store.indexes["lexical"].users.get(user)
@@ -144,11 +145,11 @@ def dense_problems(memory: Memory) -> list[str]:
     if not isinstance(store, SQLiteStore):
         return []
     problems, fresh = [], MemoryVectors(store.dialect)
-    for user in store.users():
+    for user in transfer.users(store):
         active = sorted(r["id"] for r in store.records(user))
-        ids, matrix = store.vectors(user, active)
+        ids, matrix = store.lookup.vectors(user, active)
         for vector in matrix[:20]:
-            if store.dense(user, vector, 10) != fresh.search(user, vector, 10):
+            if store.lookup.dense(user, vector, 10) != fresh.search(user, vector, 10):
                 problems.append(f"{user}: a vector ranks otherwise than from scratch")
         held = store.indexes["dense"].users.get(user)
         if ids != active or (held is not None and sorted(held.ids) != active):
@@ -476,7 +477,7 @@ def test_sigkill_during_add_then_a_retry_ends_as_one_clean_add(words, tmp_path, 
     config = {"windows": {"window": 4, "overlap": 1}}
     memory = memory_factory(config, store="killed", embedder=words)
     assert 0 < len(snapshot(memory, "ann")) < 600  # killed midway, turns stored, records missing
-    assert memory.store.turn_count("ann", "c1") == 1200
+    assert memory.store.conversations.turn_count("ann", "c1") == 1200
     check(memory)
     retry = memory.add(messages, user_id="ann", conversation_id="c1")
     assert {e["action"] for e in retry.events} >= {"UNCHANGED"}
@@ -484,7 +485,7 @@ def test_sigkill_during_add_then_a_retry_ends_as_one_clean_add(words, tmp_path, 
     clean = memory_factory(config, store="clean", embedder=words)
     clean.add(messages, user_id="ann", conversation_id="c1")
     assert snapshot(memory, "ann") == snapshot(clean, "ann")
-    assert memory.store.pending_windows("ann", "c1") == []
+    assert memory.store.conversations.pending_windows("ann", "c1") == []
     check(memory)
 
 

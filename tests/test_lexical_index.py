@@ -80,7 +80,7 @@ def test_exact_bm25_through_adds_revisions_and_deletions(store):
             store.insert("bob", record(f"b{step}", "jazz " * rng.randint(1, 3)), None)  # another user
         if step % 25 == 0:
             query = " ".join(rng.sample(WORDS, 3))
-            assert same(store.lexical("ann", query, 10), brute_force(store.records("ann"), query, 10))
+            assert same(store.lookup.lexical("ann", query, 10), brute_force(store.records("ann"), query, 10))
 
 
 def test_statistics_are_the_users_own(store):
@@ -88,11 +88,11 @@ def test_statistics_are_the_users_own(store):
     with store.transaction():
         for i, text in enumerate(["jazz piano", "jazz club", "piano lesson"]):
             store.insert("ann", record(f"a{i}", text), None)
-    before = store.lexical("ann", "jazz piano", 10)
+    before = store.lookup.lexical("ann", "jazz piano", 10)
     with store.transaction():
         for i in range(200):
             store.insert("bob", record(f"b{i}", "jazz jazz jazz"), None)
-    assert store.lexical("ann", "jazz piano", 10) == before
+    assert store.lookup.lexical("ann", "jazz piano", 10) == before
 
 
 def test_least_recently_searched_users_are_dropped_and_read_again(store):
@@ -111,15 +111,15 @@ def test_mostly_tombstones_reads_the_user_again(store):
     with store.transaction():
         for i in range(10):
             store.insert("ann", record(f"r{i}", f"chess bread {i}"), None)
-    store.lexical("ann", "chess", 5)
+    store.lookup.lexical("ann", "chess", 5)
     held = store.indexes["lexical"].users["ann"]
     with store.transaction():
         for i in range(8):
             store.set_status("ann", f"r{i}", "deleted", "DELETE")
-    store.lexical("ann", "chess", 5)  # 8 of 10 positions dead: applied as tombstones
+    store.lookup.lexical("ann", "chess", 5)  # 8 of 10 positions dead: applied as tombstones
     with store.transaction():
         store.insert("ann", record("r10", "chess alps"), None)
-    assert {r for r, _ in store.lexical("ann", "chess", 5)} == {"r8", "r9", "r10"}
+    assert {r for r, _ in store.lookup.lexical("ann", "chess", 5)} == {"r8", "r9", "r10"}
     assert (
         store.indexes["lexical"].users["ann"] is held and len(held.ids) == 3
     )  # read again: no tombstones kept
@@ -139,8 +139,8 @@ def test_searches_while_a_writer_writes_see_only_whole_commits(store, tmp_path):
     thread = threading.Thread(target=write)
     thread.start()
     while not done.is_set():
-        seen.append(len(store.lexical("ann", "piano", 1000)))
+        seen.append(len(store.lookup.lexical("ann", "piano", 1000)))
     thread.join()
     assert all(n % 2 == 0 for n in seen)  # a transaction's two records show together or not at all
-    assert store.lexical("ann", "piano", 1000) and len(store.lexical("ann", "piano", 1000)) == 400
+    assert len(store.lookup.lexical("ann", "piano", 1000)) == 400
     other.close()

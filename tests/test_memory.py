@@ -283,11 +283,11 @@ def test_upgrade_indexes_the_records_already_stored(tmp_path):
     store.close()
     store = SQLiteStore(tmp_path / "s.sqlite")
     assert store.schema_version() == len(MIGRATIONS)
-    assert [rid for rid, _ in store.lexical("ann", "hiking", 10)] == ["a1"]
-    assert [rid for rid, _ in store.lexical("bob", "Alps", 10)] == ["b1"]
+    assert [rid for rid, _ in store.lookup.lexical("ann", "hiking", 10)] == ["a1"]
+    assert [rid for rid, _ in store.lookup.lexical("bob", "Alps", 10)] == ["b1"]
     with store.transaction():
         store.insert("ann", {**store.get("ann", "a1"), "id": "a3", "content": "Ann hiked Half Dome"}, None)
-    assert [rid for rid, _ in store.lexical("ann", "hiked", 10)] == ["a1", "a3"]
+    assert [rid for rid, _ in store.lookup.lexical("ann", "hiked", 10)] == ["a1", "a3"]
     store.close()
 
 
@@ -320,23 +320,24 @@ def test_sigkill_mid_add_leaves_no_partial_record(store_url, backend):
     committed = []
     for _ in range(10):
         committed.append(proc.stdout.readline())
-        watcher.lexical("ann", "fact", 10_000)
+        watcher.lookup.lexical("ann", "fact", 10_000)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     store = open_store(store_url)
     records = store.records("ann")
     assert len(records) >= len(committed)  # nothing committed was lost
     every = sorted(r["id"] for r in records)  # each record's content is "fact N"
-    assert sorted(rid for rid, _ in watcher.lexical("ann", "fact", 10_000)) == every  # brought up to date
-    assert sorted(rid for rid, _ in store.lexical("ann", "fact", 10_000)) == every  # read from scratch
+    lookup = store.lookup
+    assert sorted(rid for rid, _ in watcher.lookup.lexical("ann", "fact", 10_000)) == every  # up to date
+    assert sorted(rid for rid, _ in lookup.lexical("ann", "fact", 10_000)) == every  # read from scratch
     watcher.close()
     for r in records:  # and whatever is there is whole: index, vector and history entries with it
-        assert store.history("ann", r["id"]) and store.candidates("ann", "fact", [r["keywords"][1]]) == [
+        assert store.history("ann", r["id"]) and lookup.keywords("ann", "fact", [r["keywords"][1]]) == [
             r["id"]
         ]
     ids = sorted(r["id"] for r in records)
-    assert store.vectors("ann", ids)[0] == ids and store.lexical("ann", "fact", 10_000)
-    assert sorted(rid for rid, _ in store.dense("ann", store.vectors("ann", ids)[1][0], 10_000)) == ids
+    assert lookup.vectors("ann", ids)[0] == ids and lookup.lexical("ann", "fact", 10_000)
+    assert sorted(rid for rid, _ in lookup.dense("ann", lookup.vectors("ann", ids)[1][0], 10_000)) == ids
     if backend == "sqlite":  # the file itself
         dense = store.indexes["dense"]
         _, stored, _ = dense.vectors_after("ann", 0)
@@ -594,6 +595,6 @@ def test_get_all_filters_and_pages(memory):
 def test_lexical_index_holds_no_entry_for_users_without_records(tmp_path):
     store = SQLiteStore(tmp_path / "s.sqlite")
     for i in range(100):
-        assert store.lexical(f"nobody-{i}", "hiking", 5) == []
+        assert store.lookup.lexical(f"nobody-{i}", "hiking", 5) == []
     assert store.indexes["lexical"].users == {}
     store.close()

@@ -188,17 +188,17 @@ def test_dense_path_follows_appends_removals_and_other_writers(embedder, memory_
     b = memory_factory(embedder=embedder)  # a second writer on the same store
     a.add(MESSAGES, user_id="ann", conversation_id="c1")
     query = embedder.encode(["beagle puppy"])[0]
-    assert a.store.dense("ann", query, 1)[0][0] == "c1/w0000#m1"
+    assert a.store.lookup.dense("ann", query, 1)[0][0] == "c1/w0000#m1"
     b.add(
         [{"role": "user", "content": "My beagle puppy Biscuit chewed my beagle puppy toy."}],
         user_id="ann",
         conversation_id="c2",
     )
     chewed = embedder.encode(["the puppy chewed a toy"])[0]
-    assert a.store.dense("ann", chewed, 1)[0][0] == "c2/w0000#m1"  # appended by the other writer
+    assert a.store.lookup.dense("ann", chewed, 1)[0][0] == "c2/w0000#m1"  # appended by the other writer
     b.delete("c2/w0000#m1", user_id="ann")
-    assert "c2/w0000#m1" not in dict(a.store.dense("ann", chewed, 10))  # a removal reloads
-    assert a.store.dense("bob", query, 10) == []
+    assert "c2/w0000#m1" not in dict(a.store.lookup.dense("ann", chewed, 10))  # a removal reloads
+    assert a.store.lookup.dense("bob", query, 10) == []
 
 
 def test_the_dense_path_reads_committed_vectors_while_another_thread_writes(tmp_path, embedder):
@@ -214,9 +214,9 @@ def test_the_dense_path_reads_committed_vectors_while_another_thread_writes(tmp_
     record = {**store.get("ann", "c1/w0000#m1"), "id": "chewed", "content": "Biscuit chewed a toy."}
     with memory._store_lock, store.transaction():  # a write in flight in this thread
         store.insert("ann", record, query)
-        during = memory._helpers.submit(store.dense, "ann", query, 5).result(timeout=10)
+        during = memory._helpers.submit(store.lookup.dense, "ann", query, 5).result(timeout=10)
     assert "chewed" not in dict(during)  # not committed yet: not seen
-    assert store.dense("ann", query, 1)[0][0] == "chewed"
+    assert store.lookup.dense("ann", query, 1)[0][0] == "chewed"
     result = memory.search("beagle chewing toy", user_id="ann", k=3)
     assert result.hits[0].record["id"] == "chewed" and result.hits[0].paths["dense"]["rank"] == 1
     memory.close()
@@ -356,7 +356,7 @@ def test_a_changed_tiny_base_spec_rebuilds_the_base(tmp_path):
 
 
 def _turns(memory: Memory, user: str, conversation: str) -> list[tuple[str, str, str]]:
-    return [(t.id, t.role, t.text) for t in memory.store.turns(user, conversation)]
+    return [(t.id, t.role, t.text) for t in memory.store.conversations.turns(user, conversation)]
 
 
 def test_adding_turn_by_turn_extracts_each_new_turn_and_never_rewrites_stored_ones(embedder, memory_factory):

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from operator import attrgetter
 
 import numpy as np
 import psycopg
@@ -22,7 +23,7 @@ import pytest
 from dimmem.contract.conversation import Turn
 from dimmem.contract.records import memory_record
 from dimmem.contract.windows import Window
-from dimmem.runtime.stores import RecordLog, RecordStateError, open_store, schema
+from dimmem.runtime.stores import RecordLog, RecordStateError, open_store, schema, transfer
 from dimmem.runtime.stores.indexes.pgvector import DIMENSIONS
 from dimmem.runtime.stores.postgres import PostgresStore, SchemaError
 from dimmem.runtime.stores.sqlite import SQLiteStore
@@ -92,7 +93,7 @@ TURNS = [
 
 def fill(store) -> None:
     with store.transaction():
-        store.put_turns("ann", "c1", TURNS)
+        store.conversations.put_turns("ann", "c1", TURNS)
         for i, rec in enumerate(CORPUS):
             store.insert("ann", {**rec, "conversation_id": "c1"}, unit(i))
         store.insert("bob", record("b1", "Bob went hiking in the Alps", ["Bob", "hiking", "Alps"]), unit(99))
@@ -123,22 +124,23 @@ def test_contract_matches_the_sqlite_store(store, tmp_path):
         ("records", ("ann", None)),
         ("records", ("ann", "deleted")),
         ("count", ("ann",)),
-        ("has_turns", ("ann",)),
-        ("has_turns", ("bob",)),
+        ("conversations.has_turns", ("ann",)),
+        ("conversations.has_turns", ("bob",)),
         ("history", ("ann", "r1")),
         ("history", ("ann", "r4")),
-        ("candidates", ("ann", "episodic", ["ANN", "alps", "berlin"])),
-        ("candidates", ("ann", ["episodic", "fact", "profile"], ["ann"], 2)),
-        ("candidates", ("ann", "profile", ["tea"])),
-        ("candidates", ("ann", [], ["ann"])),
-        ("records_in_span", ("ann", "2023-01-01", "2023-12-31")),
-        ("records_in_span", ("ann", "2022-06-01", "2022-06-01", 1)),
-        ("assistant_replies", ("ann", "c1", ["D1:1"])),
-        ("assistant_replies", ("ann", "c1", ["D1:3"])),
-        ("assistant_replies", ("ann", "c1", ["nope"])),
+        ("lookup.keywords", ("ann", "episodic", ["ANN", "alps", "berlin"])),
+        ("lookup.keywords", ("ann", ["episodic", "fact", "profile"], ["ann"], 2)),
+        ("lookup.keywords", ("ann", "profile", ["tea"])),
+        ("lookup.keywords", ("ann", [], ["ann"])),
+        ("lookup.in_span", ("ann", "2023-01-01", "2023-12-31")),
+        ("lookup.in_span", ("ann", "2022-06-01", "2022-06-01", 1)),
+        ("conversations.assistant_replies", ("ann", "c1", ["D1:1"])),
+        ("conversations.assistant_replies", ("ann", "c1", ["D1:3"])),
+        ("conversations.assistant_replies", ("ann", "c1", ["nope"])),
     ]
     for name, args in calls:
-        assert without_clock(getattr(store, name)(*args)) == without_clock(getattr(lite, name)(*args)), name
+        call = attrgetter(name)
+        assert without_clock(call(store)(*args)) == without_clock(call(lite)(*args)), name
     pages = [
         {"limit": 2},
         {"type": "episodic"},
@@ -150,8 +152,8 @@ def test_contract_matches_the_sqlite_store(store, tmp_path):
     first = store.page("ann", limit=2)
     rest = store.page("ann", after=(first[-1]["created"], first[-1]["id"]))
     assert [r["id"] for r in first + rest] == [r["id"] for r in store.records("ann")]
-    ids, matrix = store.vectors("ann", ["r3", "r2", "r4", "b1"])  # r4 deleted, b1 another user's
-    lite_ids, lite_matrix = lite.vectors("ann", ["r3", "r2", "r4", "b1"])
+    ids, matrix = store.lookup.vectors("ann", ["r3", "r2", "r4", "b1"])  # r4 deleted, b1 another user's
+    lite_ids, lite_matrix = lite.lookup.vectors("ann", ["r3", "r2", "r4", "b1"])
     assert ids == lite_ids == ["r2", "r3"] and matrix.dtype == np.float32
     assert np.array_equal(matrix, lite_matrix)  # float32 exactly, through pgvector
     record_ = store.get("ann", "r5")
@@ -188,15 +190,16 @@ def test_lifecycle_refusals_change_nothing(store):
 
 
 def test_turns_are_insert_only(store):
-    assert store.put_turns("ann", "c1", TURNS) == 4
+    conversations = store.conversations
+    assert conversations.put_turns("ann", "c1", TURNS) == 4
     new = Turn(id="D1:5", speaker="Ann", role="user", text="new", session_id="S1", session_time=None)
     rewritten = [Turn(**{**t.__dict__, "text": "REWRITTEN"}) for t in TURNS] + [new]
     with pytest.raises(ValueError, match="'D1:1' is stored with other text"):
-        store.put_turns("ann", "c1", rewritten)
-    assert store.put_turns("ann", "c1", [*TURNS, new]) == 1  # only D1:5 is new
-    assert [t.id for t in store.turns("ann", "c1")] == ["D1:1", "D1:2", "D1:3", "D1:4", "D1:5"]
-    assert store.turn_count("ann", "c1") == 5 and store.turns("ann", "c1")[0] == TURNS[0]
-    replies = store.assistant_replies("ann", "c1", ["D1:1", "D1:3"])
+        conversations.put_turns("ann", "c1", rewritten)
+    assert conversations.put_turns("ann", "c1", [*TURNS, new]) == 1  # only D1:5 is new
+    assert [t.id for t in conversations.turns("ann", "c1")] == ["D1:1", "D1:2", "D1:3", "D1:4", "D1:5"]
+    assert conversations.turn_count("ann", "c1") == 5 and conversations.turns("ann", "c1")[0] == TURNS[0]
+    replies = conversations.assistant_replies("ann", "c1", ["D1:1", "D1:3"])
     assert [r["text"] for r in replies] == ["Nice! Where?", "Lovely."]
     assert replies[0] == {
         "turn_id": "D1:2",
@@ -205,15 +208,16 @@ def test_turns_are_insert_only(store):
         "text": "Nice! Where?",
         "session_time": None,
     }
-    assert store.has_turns("ann") and not store.has_turns("bob")
+    assert conversations.has_turns("ann") and not conversations.has_turns("bob")
 
 
 def test_dense_search_in_the_database(store, url):
     fill(store)
-    hits = store.dense("ann", unit(10), 3)  # r1's revised vector
+    lookup = store.lookup
+    hits = lookup.dense("ann", unit(10), 3)  # r1's revised vector
     assert hits[0][0] == "r1" and hits[0][1] == pytest.approx(1.0, abs=1e-6) and len(hits) == 3
-    assert {rid for rid, _ in store.dense("ann", unit(3), 10)} == {"r1", "r2", "r3", "r5"}  # no r4
-    assert store.dense("bob", unit(0), 10) == [("b1", pytest.approx(float(unit(99) @ unit(0)), abs=1e-6))]
+    assert {rid for rid, _ in lookup.dense("ann", unit(3), 10)} == {"r1", "r2", "r3", "r5"}  # no r4
+    assert lookup.dense("bob", unit(0), 10) == [("b1", pytest.approx(float(unit(99) @ unit(0)), abs=1e-6))]
     # a user who holds few of many vectors still gets their exact k nearest (filtered HNSW scan)
     vectors = {f"v{i}": unit(1000 + i) for i in range(600)}
     with store.transaction():
@@ -222,7 +226,7 @@ def test_dense_search_in_the_database(store, url):
     carl = [rid for i, rid in enumerate(vectors) if i % 20 == 0]
     query = unit(5)
     exact = sorted(carl, key=lambda rid: -float(vectors[rid] @ query))[:10]
-    assert [rid for rid, _ in store.dense("carl", query, 10)] == exact
+    assert [rid for rid, _ in lookup.dense("carl", query, 10)] == exact
     with psycopg.connect(url) as conn:  # the query shape can use the HNSW index
         conn.execute("SET enable_seqscan = off; SET enable_sort = off")
         conn.execute("SELECT set_config('dimmem.tenant', 'acme', false)")
@@ -240,17 +244,18 @@ def test_dense_search_in_the_database(store, url):
 
 def test_lexical_bm25_any_word(store):
     fill(store)
-    assert [rid for rid, _ in store.lexical("ann", "marathon", 10)] == ["r5"]
-    ranked = store.lexical("ann", "Who ran the Berlin marathon, and where is Paris?", 10)
+    lookup = store.lookup
+    assert [rid for rid, _ in lookup.lexical("ann", "marathon", 10)] == ["r5"]
+    ranked = lookup.lexical("ann", "Who ran the Berlin marathon, and where is Paris?", 10)
     assert [rid for rid, _ in ranked][:2] == ["r5", "r3"]  # two rare words beat one; OR semantics
     assert all(score > 0 for _, score in ranked) and ranked == sorted(ranked, key=lambda x: -x[1])
     # rarer words weigh more: "Pixel" (one record) outranks "Ann" (every record)
-    assert store.lexical("ann", "Ann Pixel", 10)[0][0] == "r2"
-    assert store.lexical("ann", "tea coffee", 10) == []  # r4 is deleted
-    assert store.lexical("bob", "Paris", 10) == [] and store.lexical("ann", "the and a", 10) == []
+    assert lookup.lexical("ann", "Ann Pixel", 10)[0][0] == "r2"
+    assert lookup.lexical("ann", "tea coffee", 10) == []  # r4 is deleted
+    assert lookup.lexical("bob", "Paris", 10) == [] and lookup.lexical("ann", "the and a", 10) == []
     for hostile in ("'; DROP TABLE records; --", "a & b | !c <-> (d:*)", "\\' \\\\ ''", "é ß 東京"):
-        store.lexical("ann", hostile, 10)  # never tsquery syntax, never an error
-    assert store.lexical("ann", "hiking", 10)[0][0] == "r1" and store.lexical("ann", "hiking", 0) == []
+        lookup.lexical("ann", hostile, 10)  # never tsquery syntax, never an error
+    assert lookup.lexical("ann", "hiking", 10)[0][0] == "r1" and lookup.lexical("ann", "hiking", 0) == []
 
 
 def test_one_writer_per_user_keeps_stats_and_versions_exact(store):
@@ -334,14 +339,13 @@ def test_row_level_security_confines_an_unfiltered_query(pg, url):
     assert stores["a"].dialect.rls_enforced and not owner.dialect.rls_enforced
     for tenant, store in stores.items():
         with store.transaction():
-            store.put_turns("ann", "c1", TURNS)
-            store.put_windows("ann", [Window("c1", 0, (), tuple(TURNS))])
+            store.conversations.put_turns("ann", "c1", TURNS)
+            store.conversations.put_windows("ann", [Window("c1", 0, (), tuple(TURNS))])
             store.insert("ann", record("r1", f"Ann of tenant {tenant}", ["Ann"]), unit(1))
             store.insert("ann", record(f"only-{tenant}", f"Tenant {tenant} secret", ["secret"]), unit(2))
     assert stores["a"].get("ann", "r1")["content"] == "Ann of tenant a"
-    assert (
-        stores["b"].get("ann", "only-a") is None and stores["b"].lexical("ann", "secret", 5)[0][0] == "only-b"
-    )
+    assert stores["b"].get("ann", "only-a") is None
+    assert stores["b"].lookup.lexical("ann", "secret", 5)[0][0] == "only-b"
     with psycopg.connect(app) as conn:
         with conn.transaction():
             conn.execute("SELECT set_config('dimmem.tenant', 'a', true)")
@@ -386,7 +390,7 @@ def test_sigkill_mid_transaction_leaves_nothing(store, url):
         vec = np.ones({DIMENSIONS}, dtype=np.float32) / {DIMENSIONS} ** 0.5
         rec = memory_record(type="fact", speaker="Ann", keywords=["loop"], source_turns=["D1:1"])
         with store.transaction():
-            store.put_turns("ann", "killed", [])
+            store.conversations.put_turns("ann", "killed", [])
             for i in range(10**6):
                 store.insert("ann", dict(rec, id=f"k{{i}}", content=f"Ann loop {{i}}"), vec)
                 if i == 50:
@@ -400,7 +404,8 @@ def test_sigkill_mid_transaction_leaves_nothing(store, url):
     proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
     assert [r["id"] for r in store.records("ann", None)] == ["before"]
-    assert store.lexical("ann", "loop", 10) == [] and store.candidates("ann", "fact", ["loop"]) == []
+    assert store.lookup.lexical("ann", "loop", 10) == []
+    assert store.lookup.keywords("ann", "fact", ["loop"]) == []
     # the killed writer's locks went with it: the same user can be written at once
     store.insert("ann", record("after", "Ann is here after", ["Ann"]), unit(2))
     assert store.count("ann") == 2
@@ -413,6 +418,7 @@ def test_both_backends_keep_one_store_contract(url, tmp_path):
     seen = {}
     for name, store in stores.items():
         assert isinstance(store, RecordLog) and store.ping() and store.schema_version() >= 2
+        lookup, conversations = store.lookup, store.conversations
         assert store.migrate() == 0
         fill(store)
         with pytest.raises(RecordStateError, match="'r4' is deleted: .* \\(restore it first\\)"):
@@ -423,16 +429,17 @@ def test_both_backends_keep_one_store_contract(url, tmp_path):
             store.restore("ann", "r1", unit(1))
         assert (refused.value.status, refused.value.operation) == ("active", "restored")
         assert store.restore("ann", "r4", unit(77)) == 3 and store.get("ann", "r4")["status"] == "active"
-        assert store.dense("ann", unit(77), 1)[0][0] == "r4" and store.candidates("ann", "profile", ["tea"])
-        turns = store.turns("ann", "c1")
+        assert lookup.dense("ann", unit(77), 1)[0][0] == "r4" and lookup.keywords("ann", "profile", ["tea"])
+        turns = conversations.turns("ann", "c1")
         windows = [Window("c1", 0, (), tuple(turns[:2])), Window("c1", 1, (turns[1],), tuple(turns[2:]))]
         with store.transaction():
-            store.put_windows("ann", windows)
-            store.window_done("ann", "c1", [0])
-        assert store.pending_windows("ann", "c1") == [(1, ["D1:2"], ["D1:3", "D1:4"])]
-        assert store.next_window_index("ann", "c1") == 2 and store.next_window_index("ann", "c9") == 0
-        assert store.turn_count("ann", "c1") == 4 and turns == TURNS
-        assert store.users() == ["ann", "bob"]
+            conversations.put_windows("ann", windows)
+            conversations.window_done("ann", "c1", [0])
+        assert conversations.pending_windows("ann", "c1") == [(1, ["D1:2"], ["D1:3", "D1:4"])]
+        assert conversations.next_window_index("ann", "c1") == 2
+        assert conversations.next_window_index("ann", "c9") == 0
+        assert conversations.turn_count("ann", "c1") == 4 and turns == TURNS
+        assert transfer.users(store) == ["ann", "bob"]
         seen[name] = {
             "history": without_clock(store.history("ann", "r4")),
             "page": without_clock(store.page("ann", status=None)),
@@ -496,12 +503,12 @@ def test_upgrade_numbers_every_tenants_records_and_moves_their_vectors(url, monk
     monkeypatch.setattr(schema, "migrations", lambda dialect: shipped)
     store = PostgresStore(url)
     assert store.schema_version() == len(shipped)
-    assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1"]
-    assert [rid for rid, _ in store.lexical("zeta/bob", "hiking Alps", 10)] == ["b1"]
-    assert [rid for rid, _ in store.dense("acme/ann", unit(2), 10)] == ["a1"]
-    assert [rid for rid, _ in store.dense("zeta/bob", unit(2), 10)] == ["b1"]
+    assert [rid for rid, _ in store.lookup.lexical("acme/ann", "hiked", 10)] == ["a1"]
+    assert [rid for rid, _ in store.lookup.lexical("zeta/bob", "hiking Alps", 10)] == ["b1"]
+    assert [rid for rid, _ in store.lookup.dense("acme/ann", unit(2), 10)] == ["a1"]
+    assert [rid for rid, _ in store.lookup.dense("zeta/bob", unit(2), 10)] == ["b1"]
     store.insert("acme/ann", record("a3", "Ann hiked Half Dome", ["hiking"]), unit(3))
-    assert [rid for rid, _ in store.lexical("acme/ann", "hiked", 10)] == ["a1", "a3"]
+    assert [rid for rid, _ in store.lookup.lexical("acme/ann", "hiked", 10)] == ["a1", "a3"]
     with psycopg.connect(url) as conn:  # RLS forced again after the migration lifted it
         forced = conn.execute(
             "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('records', 'user_stats')"

@@ -179,7 +179,7 @@ def check_invariants(memory: Memory, model: dict) -> None:
         active = {i for i, (status, _) in stored.items() if status == "active"}
         held = [r[0] for r in db.execute("SELECT record_id FROM vectors WHERE user_id=?", (user,))]
         assert len(held) == len(set(held)) and set(held) == active
-        memory.store.lexical(user, "anything", 1)  # brings the lexical index up to date
+        memory.store.lookup.lexical(user, "anything", 1)  # brings the lexical index up to date
         held = memory.store.indexes["lexical"].users.get(user)  # (no entry for a user without active records)
         assert set(held.where if held else ()) == active
         keywords = {

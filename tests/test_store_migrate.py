@@ -13,7 +13,7 @@ from test_adversarial_runtime import WordEmbedder, chat, scripted
 from dimmem.contract.windows import Window
 from dimmem.runtime import cli
 from dimmem.runtime.memory import Memory
-from dimmem.runtime.stores import open_store
+from dimmem.runtime.stores import open_store, transfer
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def memory_command(argv: list[str]) -> int:
 def dumps(url: str) -> dict:
     store = open_store(url)
     try:
-        return {user: store.dump(user) for user in store.users()}
+        return {user: transfer.dump(store, user) for user in transfer.users(store)}
     finally:
         store.close()
 
@@ -60,8 +60,8 @@ def test_round_trip_sqlite_postgres_sqlite_is_lossless(tmp_path, pg_server, caps
         user_id="acme/ann",
     )
     with memory.store.transaction():  # a window left pending (an add that did not finish)
-        turns = memory.store.turns("bob", "c2")
-        memory.store.put_windows("bob", [Window("c2", 99, (turns[0],), tuple(turns[1:3]))])
+        turns = memory.store.conversations.turns("bob", "c2")
+        memory.store.conversations.put_windows("bob", [Window("c2", 99, (turns[0],), tuple(turns[1:3]))])
     memory.close()
     before = dumps(source)
     statuses = {r["status"] for r in before["acme/ann"]["records"]}
@@ -81,7 +81,7 @@ def test_round_trip_sqlite_postgres_sqlite_is_lossless(tmp_path, pg_server, caps
         copy = Memory({"store": url}, embedder=WordEmbedder())
         hits = copy.search("Which museum did I visit?", user_id="acme/ann", k=5).hits
         assert hits and {"bm25", "dense"} <= set(hits[0].paths)
-        assert copy.store.pending_windows("bob", "c2") == [(99, ["S1:1"], ["S1:2", "S1:3"])]
+        assert copy.store.conversations.pending_windows("bob", "c2") == [(99, ["S1:1"], ["S1:2", "S1:3"])]
         copy.close()
 
     # a target that holds anything is refused, unless --force (then the copied users are replaced)

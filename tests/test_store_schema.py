@@ -1,7 +1,8 @@
 """The record's shape has one definition, the contract (`dimmem.contract.records`): every place that
 stores, indexes, scores or serves a record follows it, each backend's tables hold every stored column,
 and the retrieval indexes are chosen by name. A field added to the contract fails here until each of
-them has it (or, for the lexical text, until it is declared not to be text)."""
+them has it (or, for the lexical text, until it is declared not to be text). The record log's own
+surface is fixed here too: another job of the store is a part of its own, not one more method."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from dimmem.contract.records import DIMENSIONS, MEMORY_FIELDS, MemoryRecord, memory_record
 from dimmem.runtime import lexical
 from dimmem.runtime.memory import Memory
-from dimmem.runtime.stores import open_store, schema
+from dimmem.runtime.stores import RecordLog, open_store, schema
 from dimmem.runtime.stores.indexes import INDEXES
 from dimmem.runtime.stores.sqlite import SQLiteStore
 
@@ -88,3 +89,17 @@ def test_indexes_are_chosen_by_name_and_refused_where_they_cannot_run(tmp_path):
             open_store(str(tmp_path / "b.sqlite"), indexes=indexes)
     with pytest.raises(Exception, match="indexes"):
         Memory({"store": str(tmp_path / "c.sqlite"), "indexes": {"dense": "nope"}}, embedder=None)
+
+
+def test_the_record_log_keeps_its_surface(tmp_path):
+    """Schema and health, the lifecycle, the reads; the conversation log, the retrieval paths' lookups
+    and moving a store are parts of their own (`conversations`, `lookup`, `stores.transfer`)."""
+    public = {name for name, value in vars(RecordLog).items() if callable(value) and not name.startswith("_")}
+    assert public == {
+        *("migrate", "schema_version", "ping", "transaction", "close"),
+        *("insert", "revise", "set_status", "restore"),
+        *("get", "get_many", "page", "records", "count", "history"),
+    }
+    store = open_store(str(tmp_path / "s.sqlite"))
+    assert [type(store.conversations).__name__, type(store.lookup).__name__] == ["ConversationLog", "Lookup"]
+    store.close()

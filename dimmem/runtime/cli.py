@@ -216,7 +216,7 @@ def copy_store(source_url: str, target_url: str, *, force: bool = False, progres
     how many users were copied."""
     from tqdm import tqdm
 
-    from dimmem.runtime.stores import open_store, redacted
+    from dimmem.runtime.stores import open_store, redacted, transfer
 
     if source_url == target_url:
         raise ValueError("--from and --to name the same store")
@@ -224,15 +224,15 @@ def copy_store(source_url: str, target_url: str, *, force: bool = False, progres
     try:
         target = open_store(target_url)
         try:
-            present = target.users()
+            present = transfer.users(target)
             if present and not force:
                 raise ValueError(
                     f"{redacted(target_url)} already holds {len(present)} users ({present[0]!r}, ...): "
                     "copy into an empty store, or pass --force to replace the copied users' rows there"
                 )
-            users = source.users()
+            users = transfer.users(source)
             for user in tqdm(users, desc="copying", unit="user", disable=None if progress else True):
-                target.load(user, source.dump(user), replace=force)
+                transfer.load(target, user, transfer.dump(source, user), replace=force)
             return len(users)
         finally:
             target.close()

@@ -199,7 +199,7 @@ class Memory:
         extraction = self._extract(conversation, windows)
         events = self._write(user_id, extraction.records, consolidate=True)
         with self._store_lock, self.store.transaction():  # a failed window stays pending: retried next add
-            self.store.window_done(
+            self.store.conversations.window_done(
                 user_id, conversation.id, [w.index for w in windows if w.id not in extraction.failed]
             )
         return AddResult(conversation.id, len(windows), events, extraction.rejected, extraction.failed)
@@ -234,19 +234,19 @@ class Memory:
         to extract: those, and any left pending by an add that did not finish."""
         for _ in range(10):  # planned outside the lock; redone if another add changed the conversation
             with self._store_lock:
-                stored = self.store.turns(user_id, conversation.id)
-                first_index = self.store.next_window_index(user_id, conversation.id)
+                stored = self.store.conversations.turns(user_id, conversation.id)
+                first_index = self.store.conversations.next_window_index(user_id, conversation.id)
             new = _new_turns(conversation, given, stored)
             windows = self._windows(conversation.id, stored, new, first_index) if new else []
             with self._store_lock, self.store.transaction():
                 if (
-                    self.store.turn_count(user_id, conversation.id),
-                    self.store.next_window_index(user_id, conversation.id),
+                    self.store.conversations.turn_count(user_id, conversation.id),
+                    self.store.conversations.next_window_index(user_id, conversation.id),
                 ) != (len(stored), first_index):
                     continue
-                self.store.put_turns(user_id, conversation.id, new)
-                self.store.put_windows(user_id, windows)
-                pending = self.store.pending_windows(user_id, conversation.id)
+                self.store.conversations.put_turns(user_id, conversation.id, new)
+                self.store.conversations.put_windows(user_id, windows)
+                pending = self.store.conversations.pending_windows(user_id, conversation.id)
             turns, planned = {t.id: t for t in [*stored, *new]}, {w.index: w for w in windows}
             return [
                 planned.get(i)
@@ -313,7 +313,7 @@ class Memory:
         records = [{**r, "id": r.get("id") or _new_id(user_id, r)} for r in records]
         if conversation is not None:
             with self._store_lock, self.store.transaction():
-                self.store.put_turns(user_id, conversation.id, conversation.turns)
+                self.store.conversations.put_turns(user_id, conversation.id, conversation.turns)
         return self._write(user_id, records, consolidate)
 
     def _write(self, user_id: str, records: list[dict], consolidate: bool) -> list[dict]:
@@ -361,7 +361,9 @@ class Memory:
                 names = set() if paper else {record["speaker"].casefold()}
                 keys = [k for k in record["keywords"] if k.casefold() not in names]
                 with self._store_lock:
-                    candidates = self.store.candidates(user_id, record["type"], keys, update.max_candidates)
+                    candidates = self.store.lookup.keywords(
+                        user_id, record["type"], keys, update.max_candidates
+                    )
                     if paper:
                         candidates = self._paper_candidates(user_id, record, candidates)
                     self.stats["embedding_comparisons"] += len(candidates)
@@ -415,7 +417,7 @@ class Memory:
         jazz" must not supersede "Alice loves jazz"), however close the two texts are. Only the
         `SPEAKER_PROBES` closest are read. `paper` (the authors' filter): the threshold is
         `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
-        ids, matrix = self.store.vectors(user_id, candidates)
+        ids, matrix = self.store.lookup.vectors(user_id, candidates)
         if not ids:
             return None, 0.0, None
         scores = matrix @ vector
@@ -571,7 +573,7 @@ class Memory:
                 self.stats["assistant_recalls"] += 1
                 for hit in hits:
                     if hit.record.get("conversation_id"):
-                        context += self.store.assistant_replies(
+                        context += self.store.conversations.assistant_replies(
                             user_id, hit.record["conversation_id"], hit.record["source_turns"]
                         )
         return SearchResult(parsed, hits, context)
@@ -587,11 +589,11 @@ class Memory:
         def dense() -> list[tuple[str, float]]:
             vector = self._encode([query])[0] if query_vector is None else query_vector
             with dense_lock:
-                return self.store.dense(user_id, vector, depth)
+                return self.store.lookup.dense(user_id, vector, depth)
 
         pending = self._helpers.submit(dense)
         with self._store_lock:
-            bm25 = self.store.lexical(user_id, lexical_terms(query), depth)
+            bm25 = self.store.lookup.lexical(user_id, lexical_terms(query), depth)
             dimension = dimension_path(self.store, user_id, parsed, depth)
         return {"bm25": bm25, "dense": pending.result(), "dimension": dimension}
 

@@ -1,4 +1,4 @@
-"""Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `RecordLog.dense`) and
+"""Tri-path retrieval: BM25 (the store's lexical index), dense (MiniLM cosine, `Lookup.dense`) and
 dimension match (the query's time, place and types), fused by the sum of calibrated scores
 (`score_fusion`, the default), by reciprocal rank fusion (`rrf`) or by the DimMem authors' rule
 (`dedup`: each path's top k concatenated, duplicates dropped; a baseline). The dimension path votes
@@ -77,11 +77,11 @@ def dimension_path(store: RecordLog, user_id: str, query: dict, depth: int) -> l
     if not (query.get("time") or query.get("location") or types):
         return []
     ids: dict[str, None] = {}
-    limit = CANDIDATES_PER_DEPTH * depth
-    ids.update(dict.fromkeys(store.candidates(user_id, list(MEMORY_TYPES), query.get("keywords", []), limit)))
+    lookup, limit = store.lookup, CANDIDATES_PER_DEPTH * depth
+    ids.update(dict.fromkeys(lookup.keywords(user_id, list(MEMORY_TYPES), query.get("keywords", []), limit)))
     if query.get("time"):
         start, end = parse_span(query["time"])
-        ids.update(dict.fromkeys(store.records_in_span(user_id, start.isoformat(), end.isoformat(), limit)))
+        ids.update(dict.fromkeys(lookup.in_span(user_id, start.isoformat(), end.isoformat(), limit)))
     ceiling = dimension_ceiling(query)
     scored = [
         (rid, dimension_score(record, query) / ceiling)

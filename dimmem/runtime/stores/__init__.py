@@ -1,7 +1,9 @@
 """The runtime's memory store: one record log (`log.RecordLog`, the lifecycle written once) over a SQL
 dialect, SQLite (`sqlite.SQLiteStore`, the embedded default) or Postgres + pgvector
 (`postgres.PostgresStore`, the `postgres` extra), chosen by URL, with its retrieval indexes (`indexes`),
-chosen by name:
+chosen by name. A store's other jobs are parts of their own over the same database: its conversation
+log (`store.conversations`, `conversations.py`), the reads that find records (`store.lookup`,
+`lookup.py`) and moving a user between stores (`transfer.py`).
 
     open_store("memories.sqlite")           # a path, sqlite:///PATH or :memory: -> SQLite
     open_store("postgresql://app@db/mem")   # postgresql://... or postgres://... -> Postgres

@@ -9,8 +9,8 @@ e.g. with Postgres's tenant), and each dialect's `Sql` cursor translates it.
 
 An index keeps one retrieval path in step with the log: `upsert` and `remove` run inside the log's write
 transaction (an index with tables of its own writes them there; an in-process one follows the log's change
-stamps instead and does nothing), `clear` drops a user (`load(replace=True)`), `search` answers a query.
-Indexes are chosen by name (`stores.indexes.INDEXES`).
+stamps instead and does nothing), `clear` drops a user (`transfer.load(replace=True)`), `search` answers
+a query. Indexes are chosen by name (`stores.indexes.INDEXES`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
+
+_CHUNK = 500  # ids per IN (...) list: under SQLite's bound-parameter limit
+
+
+def chunks(ids: list[str]) -> list[list[str]]:
+    """`ids` in lists short enough for one `IN (...)` each, on every engine."""
+    return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
 
 
 class RecordStateError(ValueError):
@@ -100,8 +107,8 @@ class Dialect(Protocol):
     def from_day(self, value: Any) -> str | None: ...
     def to_flag(self, value: bool) -> Any: ...
 
-    def candidates(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
-        """`RecordLog.candidates`' query, planned for the engine."""
+    def keywords(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
+        """`Lookup.keywords`' query, planned for the engine."""
 
     def schema_version(self) -> int:
         """The number of the last migration applied."""

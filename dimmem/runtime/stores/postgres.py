@@ -4,7 +4,7 @@ threads, processes and machines share (`serialized = False`: callers need no loc
     store = PostgresStore("postgresql://app@db/dimmem", tenant="acme")   # tenant=None: from user ids
     with store.transaction():
         store.insert("ann", record, vector)
-    store.dense("ann", vector, 10), store.lexical("ann", "hiking Paris", 10)
+    store.lookup.dense("ann", vector, 10), store.lookup.lexical("ann", "hiking Paris", 10)
 
 What the dialect adds to the record log:
 - one writer per user instead of SQLite's one per file: the first call for a user inside `transaction()`
@@ -212,7 +212,7 @@ class PostgresDialect:
     def to_flag(self, value: bool) -> bool:
         return value
 
-    def candidates(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
+    def keywords(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
         # each (type, keyword) reads at most `limit` entries of the primary key, laterally
         rows = sql.rows(
             "SELECT k.record_id, count(*) AS shared "

@@ -1,5 +1,7 @@
 """What the stores keep of a record, derived from the contract (`dimmem.contract.records.MemoryRecord`),
-and the numbered `.sql` migrations each backend ships (`migrations/<dialect>/NNNN_name.sql`).
+how its columns are written and read back in a dialect's types (`encode`, `decode`, `snapshot_of`: one
+way for the log, the lexical index and `transfer`), and the numbered `.sql` migrations each backend ships
+(`migrations/<dialect>/NNNN_name.sql`).
 
 A stored record is the contract's fields plus what the pipeline adds: where it came from (user,
 conversation, window, session time), its time as a day span for interval queries (`t_start`, `t_end`)
@@ -16,6 +18,7 @@ from importlib import resources
 
 from dimmem.contract.records import MEMORY_FIELDS, MemoryRecord
 from dimmem.contract.timespan import parse_span
+from dimmem.runtime.stores.base import Dialect
 
 ORIGIN = ("id", "user_id", "conversation_id", "window_id")
 LIFECYCLE = ("session_time", "created", "updated", "version", "status")
@@ -46,6 +49,35 @@ def row(record: dict) -> dict:
     out = {name: record.get(name) for name in MEMORY_FIELDS}
     out["t_start"], out["t_end"] = (span[0].isoformat(), span[1].isoformat()) if span else (None, None)
     return out
+
+
+def encode(dialect: Dialect, row: dict) -> dict:
+    """Contract-shaped columns as the dialect stores them."""
+    out = dict(row)
+    for name in LIST_FIELDS:
+        out[name] = dialect.to_array(out[name])
+    for name in DAY_SPAN:
+        out[name] = dialect.to_day(out[name])
+    return out
+
+
+def decode(dialect: Dialect, row: dict) -> dict:
+    """A row of record columns (a search reads hundreds) as records are returned, in place: lists as
+    lists, days as ISO text."""
+    from_array, from_day = dialect.from_array, dialect.from_day
+    for name in LIST_FIELDS:
+        if name in row:
+            row[name] = from_array(row[name])
+    for name in DAY_SPAN:
+        if name in row:
+            row[name] = from_day(row[name])
+    return row
+
+
+def snapshot_of(dialect: Dialect, row: dict) -> dict:
+    """A history row's snapshot in the record's column order (jsonb keeps none)."""
+    snapshot = dialect.from_json(row["snapshot"])
+    return {**{c: snapshot[c] for c in COLUMNS if c in snapshot}, **snapshot}
 
 
 def migrations(dialect: str) -> list[tuple[int, str, str]]:

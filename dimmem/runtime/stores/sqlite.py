@@ -89,7 +89,7 @@ class SQLiteDialect:
     def to_flag(self, value: bool) -> int:
         return int(value)
 
-    def candidates(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
+    def keywords(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
         # one arm per (type, keyword), each reading at most `limit` entries of the lookup index
         arm = (
             "SELECT * FROM (SELECT record_id FROM record_keywords INDEXED BY record_keywords_lookup "

@@ -1,13 +1,13 @@
-"""The lexical index `bm25` (`RecordLog.lexical`, both backends): each user's postings held in memory and
+"""The lexical index `bm25` (`Lookup.lexical`, both backends): each user's postings held in memory and
 scored by BM25 with numpy, kept in step with the record log.
 
 The log is the truth. Every write that indexes or unindexes a record stamps the record with the user's
 next change number (`seq`) in the same transaction, so a committed write is seen by the next search and a
 crashed one by none. Before each search the index reads the user's stamp (epoch, seq) and, when it moved,
-the records changed since (`RecordLog.lexical_changes`): a changed record's old postings are dropped
-(tombstoned) and an active one's new postings, from `lexical.document`, appended. A user is read from
-scratch on first use, when the store replaced the user wholesale (a new epoch) and when over half of
-the user's positions are tombstones.
+the records changed since, both from the log's tables through its dialect: a changed record's old
+postings are dropped (tombstoned) and an active one's new postings, from `lexical.document`, appended.
+A user is read from scratch on first use, when the store replaced the user wholesale (a new epoch) and
+when over half of the user's positions are tombstones.
 
 Scores are BM25 (k1 1.2, b 0.75, FTS5's IDF) from the user's own active records, divided by the query's
 ceiling (what a record holding every query term, and alone, would score): comparable across queries and
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dimmem.runtime import lexical
+from dimmem.runtime.stores import schema
 
 K1, B = 1.2, 0.75  # the BM25 constants of SQLite FTS5 and most engines
 
@@ -106,9 +107,9 @@ class LexicalIndex:
     name, kind = "bm25", "lexical"
     concurrent = False  # reads the log through the caller's connection
 
-    def __init__(self, store: Any, max_postings: int = 50_000_000):
-        """`store`: the record log that owns the index (`lexical_stamp`, `lexical_changes`)."""
-        self.store, self.max_postings = store, max_postings
+    def __init__(self, log: Any, max_postings: int = 50_000_000):
+        """`log`: the record log that owns the index (its tables are read through its dialect)."""
+        self.log, self.max_postings = log, max_postings
         self.users: OrderedDict[str, _User] = OrderedDict()
         self.held = 0  # postings held, all users
         self.lock = threading.Lock()  # the users map and `held`; each user has a lock of its own
@@ -155,13 +156,31 @@ class LexicalIndex:
         return hits
 
     def _refresh(self, user_id: str, user: _User) -> None:
-        stamp = self.store.lexical_stamp(user_id)
+        stamp = self._stamp(user_id)
         if stamp == user.stamp:
             return
         if stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1] or len(user.where) < len(user.ids) // 2:
             user.reset()  # from scratch: first use, a replaced user, or mostly tombstones
-        for record in self.store.lexical_changes(user_id, max(user.stamp[1], 0)):
+        for record in self._changes(user_id, max(user.stamp[1], 0)):
             user.drop(record["id"])
             if record["status"] == "active":
                 user.add(record)
         user.stamp = stamp
+
+    def _stamp(self, user_id: str) -> tuple[int, int]:
+        """(epoch, seq): the user's last change to what the index holds; `seq` grows with every index or
+        unindex of a record, `epoch` when the user is replaced wholesale (`transfer.load(replace=True)`)."""
+        with self.log.dialect.cursor(user_id) as sql:
+            row = sql.row("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,))
+        return (row["epoch"], row["seq"]) if row else (0, 0)
+
+    def _changes(self, user_id: str, after: int) -> list[dict]:
+        """The records whose index state changed after change number `after` (0: the active records), in
+        change order: id, status and the indexed fields (`lexical.FIELDS`)."""
+        with self.log.dialect.cursor(user_id) as sql:
+            rows = sql.rows(
+                f"SELECT id, status, {', '.join(lexical.FIELDS)} FROM records "
+                "WHERE {user} AND seq > ? AND (status = 'active' OR ? > 0) ORDER BY seq",
+                (user_id, after, after),
+            )
+        return [schema.decode(self.log.dialect, r) for r in rows]

@@ -20,13 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dimmem.runtime.stores.base import Sql
-
-_CHUNK = 500  # ids per IN (...) list: under SQLite's bound-parameter limit
-
-
-def _chunks(ids: list[str]) -> list[list[str]]:
-    return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+from dimmem.runtime.stores.base import Sql, chunks
 
 
 def _matrix(blobs: list[bytes]) -> np.ndarray:
@@ -89,7 +83,7 @@ class MemoryVectors:
     def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
         """(ids, matrix) of the given (None: all) active records' vectors, ordered by id."""
         rows = []
-        for chunk in [None] if record_ids is None else _chunks(record_ids):
+        for chunk in [None] if record_ids is None else chunks(record_ids):
             only = "" if chunk is None else f" AND record_id IN ({','.join('?' * len(chunk))})"
             rows += sql.rows(
                 f"SELECT record_id, vec FROM vectors WHERE {{user}}{only}", (user_id, *(chunk or ()))

@@ -1,0 +1,66 @@
+"""The reads that find records for retrieval and for the update path (a store's `lookup`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class Lookup:
+    """The reads that find records rather than change them: the dimension path's lookups over the log's
+    keyword table (`record_keywords`) and day columns (`t_start`, `t_end`), the lexical and dense paths'
+    searches of the log's indexes (`log.indexes`), and the vectors the update path compares. Each answers
+    ids of active records (with scores or vectors) and needs none of the record lifecycle's rules: a
+    part of their own beside the log, not more surface on it."""
+
+    def __init__(self, log: Any):
+        """`log`: the record log whose dialect and indexes are read."""
+        self.log = log
+
+    def keywords(
+        self, user_id: str, types: str | list[str], keywords: list[str], limit: int = -1
+    ) -> list[str]:
+        """Active records of the type(s) sharing a keyword, most shared first (`limit` -1: all). Each
+        (type, keyword) contributes at most `limit` records, the first by id, so a keyword most records
+        carry costs no more than a rare one."""
+        keys = sorted({k.casefold() for k in keywords})
+        types = sorted({types} if isinstance(types, str) else set(types))
+        if not keys or not types:
+            return []
+        with self.log.dialect.cursor(user_id) as sql:
+            return self.log.dialect.keywords(sql, user_id, types, keys, limit)
+
+    def in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
+        """Active records whose time overlaps the day span [start, end], the latest-starting first: those
+        starting inside it, then of those starting before it the `limit` latest-starting that still run
+        into it (so a lookup reads at most twice `limit` index entries; -1: all)."""
+        dialect = self.log.dialect
+        first, last, limit = dialect.to_day(start), dialect.to_day(end), dialect.limit(limit)
+        active = "FROM records WHERE {user} AND status='active'"
+        with dialect.cursor(user_id) as sql:
+            return sql.first_column(
+                f"SELECT id FROM (SELECT * FROM (SELECT id, t_start {active} AND t_start BETWEEN ? AND ? "
+                "ORDER BY t_start DESC, id LIMIT ?) inside UNION ALL "
+                f"SELECT id, t_start FROM (SELECT id, t_start, t_end {active} AND t_start < ? "
+                "ORDER BY t_start DESC, id LIMIT ?) before WHERE t_end >= ?) found "
+                "ORDER BY t_start DESC, id LIMIT ?",
+                (user_id, first, last, limit, user_id, first, limit, first, limit),
+            )
+
+    def lexical(self, user_id: str, query: str, k: int) -> list[tuple[str, float]]:
+        """The lexical index's k best active records for the query: (id, score), best first."""
+        return self.log.indexes["lexical"].search(user_id, query, k)
+
+    def dense(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """The k active records nearest by cosine: (id, similarity), best first."""
+        if k <= 0:
+            return []
+        return self.log.indexes["dense"].search(user_id, np.asarray(vector, dtype=np.float32), k)
+
+    def vectors(self, user_id: str, record_ids: list[str]) -> tuple[list[str], np.ndarray]:
+        """(ids, float32 matrix) of the given active records' vectors, ordered by id."""
+        if not record_ids:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        with self.log.dialect.cursor(user_id) as sql:
+            return self.log.indexes["dense"].vectors(sql, user_id, record_ids)
