@@ -37,7 +37,10 @@ from dimmem.runtime.stores.indexes import open_indexes
 
 STATUSES_LEFT = ("superseded", "merged", "deleted")  # what an active record can become
 _SELECT = ", ".join(f'"{c}"' for c in schema.COLUMNS)  # (quoted: `time` is a keyword in Postgres)
-_INSERT_RECORD = f"INSERT INTO records ({_SELECT}, seq) VALUES ({', '.join('?' * (len(schema.COLUMNS) + 1))})"
+_VALUES = ", ".join("?" * len(schema.COLUMNS))
+_INSERT_RECORD = f"INSERT INTO records ({_SELECT}, seq) VALUES ({_VALUES}, ?)"
+_SEQ = "(SELECT seq FROM user_stats WHERE {user})"  # the user's change number `_bump` just drew
+_INSERT_NEW = f"INSERT INTO records ({_SELECT}, seq) VALUES ({_VALUES}, {_SEQ})"
 _TURN_COLUMNS = (
     "conversation_id",
     "turn_id",
@@ -122,7 +125,8 @@ class RecordLog:
             "status": "active",
         }
         with self.dialect.cursor(user_id, write=True) as sql:  # stamped as it lands: one write fewer
-            sql.run(_INSERT_RECORD, [*(row[c] for c in schema.COLUMNS), self._next_seq(sql, user_id)])
+            self._bump(sql, user_id)
+            sql.run(_INSERT_NEW, [*(row[c] for c in schema.COLUMNS), user_id])
             self._index(sql, user_id, record, vector, stamp=False)
             self._snapshot(sql, user_id, record["id"], 1, action, now, self._decode(row))
 
@@ -140,7 +144,7 @@ class RecordLog:
                 f"UPDATE records SET {sets}, version=?, updated=? WHERE {{user}} AND id=?",
                 [*row.values(), version, now, user_id, record_id],
             )
-            self._unindex(sql, user_id, record_id)
+            self._unindex(sql, user_id, current)
             self._index(sql, user_id, merged, vector)
             self._snapshot(sql, user_id, record_id, version, action, now)
         return version
@@ -155,7 +159,7 @@ class RecordLog:
                 "UPDATE records SET status=?, version=version+1, updated=? WHERE {user} AND id=?",
                 (status, now, user_id, record_id),
             )
-            self._unindex(sql, user_id, record_id)
+            self._unindex(sql, user_id, current)
             self._snapshot(sql, user_id, record_id, current["version"] + 1, action, now)
 
     def restore(self, user_id: str, record_id: str, vector: np.ndarray) -> int:
@@ -195,35 +199,36 @@ class RecordLog:
     ) -> None:
         sql.many(
             "INSERT INTO record_keywords (user_id, type, keyword, record_id) VALUES (?,?,?,?)",
-            [
-                (user_id, record["type"], k, record["id"])
-                for k in sorted({k.casefold() for k in record["keywords"]})
-            ],
+            _keyword_rows(user_id, record),
         )
         if stamp:
             self._stamp(sql, user_id, record["id"])
         for index in self.indexes.values():
             index.upsert(sql, user_id, record, vector)
 
-    def _unindex(self, sql: Sql, user_id: str, record_id: str) -> None:
-        sql.run("DELETE FROM record_keywords WHERE {user} AND record_id=?", (user_id, record_id))
-        self._stamp(sql, user_id, record_id)
+    def _unindex(self, sql: Sql, user_id: str, record: dict) -> None:
+        """Out of every index: `record` is the active version, as it was indexed."""
+        sql.many(
+            "DELETE FROM record_keywords WHERE {user} AND type=? AND keyword=? AND record_id=?",
+            _keyword_rows(user_id, record),
+        )
+        self._stamp(sql, user_id, record["id"])
         for index in self.indexes.values():
-            index.remove(sql, user_id, record_id)
+            index.remove(sql, user_id, record["id"])
 
     def _stamp(self, sql: Sql, user_id: str, record_id: str) -> None:
         """The record gets the user's next change number: every process's in-process indexes re-read it."""
-        sql.run(
-            "UPDATE records SET seq=? WHERE {user} AND id=?",
-            (self._next_seq(sql, user_id), user_id, record_id),
-        )
+        self._bump(sql, user_id)
+        sql.run(f"UPDATE records SET seq={_SEQ} WHERE {{user}} AND id=?", (user_id, user_id, record_id))
 
-    def _next_seq(self, sql: Sql, user_id: str) -> int:
-        return sql.row(
+    def _bump(self, sql: Sql, user_id: str) -> None:
+        """Draw the user's next change number; the statement that stamps reads it back, so no statement of
+        a write waits for a result (Postgres sends a write block's statements in one pipeline)."""
+        sql.run(
             "INSERT INTO user_stats (user_id, seq) VALUES (?, 1) "
-            f"ON CONFLICT ({self.dialect.user_key}) DO UPDATE SET seq = user_stats.seq + 1 RETURNING seq",
+            f"ON CONFLICT ({self.dialect.user_key}) DO UPDATE SET seq = user_stats.seq + 1",
             (user_id,),
-        )["seq"]
+        )
 
     def _snapshot(
         self,
@@ -638,6 +643,12 @@ class RecordLog:
         """A history snapshot in the record's column order (jsonb keeps none)."""
         snapshot = self.dialect.from_json(row["snapshot"])
         return {**{c: snapshot[c] for c in schema.COLUMNS if c in snapshot}, **snapshot}
+
+
+def _keyword_rows(user_id: str, record: dict) -> list[tuple]:
+    """The record's rows of the keyword lookup (its primary key): one per casefolded keyword."""
+    keywords = sorted({k.casefold() for k in record["keywords"]})
+    return [(user_id, record["type"], k, record["id"]) for k in keywords]
 
 
 def _session(turn: dict) -> str:

@@ -35,7 +35,9 @@ from contextlib import contextmanager
 from functools import cache
 
 import psycopg
+from pgvector.psycopg.vector import register_vector_info
 from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -53,9 +55,30 @@ MIGRATION_LOCK = 0x64696D6D656D  # pg_advisory_lock key: two processes starting 
 _TENANT = "tenant = current_setting('dimmem.tenant')"
 
 
+# The update candidates: each (type, keyword) reads at most `limit` entries of record_keywords' primary
+# key, laterally (params: types, keywords, user, limit, limit)
+CANDIDATES = (
+    "SELECT k.record_id, count(*) AS shared "
+    "FROM unnest(?::text[]) AS t(type) CROSS JOIN unnest(?::text[]) AS q(keyword) "
+    "CROSS JOIN LATERAL (SELECT record_id FROM record_keywords r "
+    f"WHERE r.{_TENANT} AND r.user_id=? AND r.type = t.type AND r.keyword = q.keyword "
+    "ORDER BY r.record_id LIMIT ?) k "
+    "GROUP BY k.record_id ORDER BY shared DESC, k.record_id LIMIT ?"
+)
+
+
 @cache
 def _translate(query: str) -> str:
     return query.replace("{user}", f"{_TENANT} AND user_id=?").replace("?", "%s")
+
+
+def _binary_vectors(conn: psycopg.Connection) -> None:
+    """pgvector's type on a new pooled connection, in binary: a numpy vector goes as 1.5 KB of float4,
+    not 384 numbers as text that the server parses (a third of an insert's cost). Before the first migration
+    installs the extension there is no such type; `migrate` renews the pool's connections."""
+    info = TypeInfo.fetch(conn, "vector")
+    if info is not None:
+        register_vector_info(conn, info)
 
 
 class SchemaError(RuntimeError):
@@ -94,6 +117,7 @@ class PostgresDialect:
             max_size=self.pool_max,
             kwargs={"autocommit": True, "row_factory": dict_row},
             check=ConnectionPool.check_connection,
+            configure=_binary_vectors,
             name="dimmem",
             open=True,
         )
@@ -127,7 +151,8 @@ class PostgresDialect:
             with tx["conn"].transaction():
                 yield tx["conn"]
             return
-        with _refused_values(), self.pool.connection() as conn, conn.transaction():
+        # pipelined: a statement whose result nobody reads is sent without waiting for the server
+        with _refused_values(), self.pool.connection() as conn, conn.transaction(), conn.pipeline():
             self._local.tx = {"conn": conn, "tenant": None, "users": set()}
             try:
                 yield conn
@@ -213,16 +238,7 @@ class PostgresDialect:
         return value
 
     def candidates(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
-        # each (type, keyword) reads at most `limit` entries of the primary key, laterally
-        rows = sql.rows(
-            "SELECT k.record_id, count(*) AS shared "
-            "FROM unnest(?::text[]) AS t(type) CROSS JOIN unnest(?::text[]) AS q(keyword) "
-            "CROSS JOIN LATERAL (SELECT record_id FROM record_keywords r "
-            f"WHERE r.{_TENANT} AND r.user_id=? AND r.type = t.type AND r.keyword = q.keyword "
-            "ORDER BY r.record_id LIMIT ?) k "
-            "GROUP BY k.record_id ORDER BY shared DESC, k.record_id LIMIT ?",
-            (types, keys, user_id, self.limit(limit), self.limit(limit)),
-        )
+        rows = sql.rows(CANDIDATES, (types, keys, user_id, self.limit(limit), self.limit(limit)))
         return [r["record_id"] for r in rows]
 
     # --- schema ------------------------------------------------------------------------------------
@@ -255,6 +271,8 @@ class PostgresDialect:
                         conn.execute(
                             "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
                         )
+                if pending and self.pool is not None:
+                    self.pool.drain()  # new connections, configured for the types the migrations made
                 return len(pending)
             except psycopg.errors.RaiseException as err:  # a migration's own refusal says what to do
                 raise SchemaError(f"{step}: {err.diag.message_primary} ({err.diag.message_hint})") from None
