@@ -364,7 +364,7 @@ class Memory:
                 paper = update.candidates == "paper"
                 names = set() if paper else {record["speaker"].casefold()}
                 keys = [k for k in record["keywords"] if k.casefold() not in names]
-                with self._store_lock:
+                with self._store_lock, self.store.transaction(write=False):  # the reads for one decision
                     candidates = self.store.candidates(user_id, record["type"], keys, update.max_candidates)
                     if paper:
                         candidates = self._paper_candidates(user_id, record, candidates)

@@ -99,9 +99,10 @@ class RecordLog:
         """A trivial query answers and the schema is this code's (readiness checks)."""
         return self.dialect.ping() and self.schema_version() == len(schema.migrations(self.dialect.name))
 
-    def transaction(self):
-        """One atomic write block; the writes below run inside one."""
-        return self.dialect.transaction()
+    def transaction(self, write: bool = True):
+        """One atomic write block; the writes below run inside one. `write=False`: a block of reads only,
+        on one connection, without the user's write lock (several reads for one decision)."""
+        return self.dialect.transaction(write)
 
     def close(self) -> None:
         for index in self.indexes.values():

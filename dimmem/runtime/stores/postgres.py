@@ -31,7 +31,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import cache
 
 import psycopg
@@ -144,20 +144,27 @@ class PostgresDialect:
         return namespace if slash and namespace else DEFAULT_TENANT
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection]:
-        """The tenant is set by the first call inside; a block that names users of two tenants is refused."""
+    def transaction(self, write: bool = True) -> Iterator[psycopg.Connection]:
+        """The tenant is set by the first call inside; a block that names users of two tenants is refused.
+        A write block is pipelined: a statement whose result nobody reads is sent without waiting for the
+        server. A read block (`write=False`) runs read only and takes no user's lock; it is not pipelined
+        (each of its reads waits for its rows anyway, and a pipeline's syncs cost more than they save)."""
         tx = getattr(self._local, "tx", None)
         if tx is not None:  # nested: a savepoint on the same connection
+            if write and not tx["write"]:
+                raise RuntimeError("a write block inside a read block")
             with tx["conn"].transaction():
                 yield tx["conn"]
             return
-        # pipelined: a statement whose result nobody reads is sent without waiting for the server
-        with _refused_values(), self.pool.connection() as conn, conn.transaction(), conn.pipeline():
-            self._local.tx = {"conn": conn, "tenant": None, "users": set()}
+        with _refused_values(), self.pool.connection() as conn:
+            conn.read_only = None if write else True  # BEGIN or BEGIN READ ONLY
             try:
-                yield conn
+                with conn.transaction(), conn.pipeline() if write else nullcontext():
+                    self._local.tx = {"conn": conn, "tenant": None, "users": set(), "write": write}
+                    yield conn
             finally:
                 self._local.tx = None
+                conn.read_only = None
 
     @contextmanager
     def cursor(self, user_id: str, write: bool = False) -> Iterator[Sql]:
@@ -170,7 +177,7 @@ class PostgresDialect:
             elif tx["tenant"] != tenant:
                 raise ValueError(f"one transaction, one tenant: {tx['tenant']!r}, then {tenant!r}")
             with tx["conn"].cursor() as cur:
-                if user_id not in tx["users"]:  # the block's first call for the user: one writer per user
+                if tx["write"] and user_id not in tx["users"]:  # the first call for the user: one writer
                     self._lock_user(cur, user_id)
                     tx["users"].add(user_id)
                 yield Sql(cur, _translate)
