@@ -325,6 +325,8 @@ class Memory:
             batch = records[start : start + EMBED_BATCH]
             with self._store_lock:
                 stored = self.store.get_many(user_id, [r["id"] for r in batch])
+                # the stats' baseline (comparing with every active record), counted once per batch
+                active = self.store.count(user_id) if consolidate else 0
             todo = [r for r in batch if r["id"] not in stored]
             vectors = dict(zip((r["id"] for r in todo), self._encode([r["content"] for r in todo])))
             if not consolidate:
@@ -332,7 +334,8 @@ class Memory:
                 continue
             for record in batch:
                 if record["id"] in vectors:
-                    events.append(self._add_one(user_id, record, vectors[record["id"]]))
+                    events.append(self._add_one(user_id, record, vectors[record["id"]], active))
+                    active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
                 else:
                     events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
         return events
@@ -351,7 +354,8 @@ class Memory:
                 events.append({"id": record["id"], "action": "ADD" if added else "UNCHANGED", "target": None})
         return events
 
-    def _add_one(self, user_id: str, record: dict, vector: np.ndarray) -> dict:
+    def _add_one(self, user_id: str, record: dict, vector: np.ndarray, active: int) -> dict:
+        """`active`: the user's active records before this one (a statistic: this writer's count)."""
         unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
         update = self.config.update
         for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
@@ -360,14 +364,14 @@ class Memory:
                 paper = update.candidates == "paper"
                 names = set() if paper else {record["speaker"].casefold()}
                 keys = [k for k in record["keywords"] if k.casefold() not in names]
-                with self._store_lock:
+                with self._store_lock, self.store.transaction(write=False):  # the reads for one decision
                     candidates = self.store.lookup.keywords(
                         user_id, record["type"], keys, update.max_candidates
                     )
                     if paper:
                         candidates = self._paper_candidates(user_id, record, candidates)
                     self.stats["embedding_comparisons"] += len(candidates)
-                    self.stats["baseline_comparisons"] += self.store.count(user_id)  # comparing with all
+                    self.stats["baseline_comparisons"] += active  # comparing with every active record
                     if candidates:
                         best, similarity, candidate = self._closest(
                             user_id, record, vector, candidates, paper

@@ -48,9 +48,10 @@ def open_store(
     if is_postgres(url):
         try:
             from dimmem.runtime.stores.postgres import PostgresStore
-        except ImportError as err:  # psycopg is the `postgres` extra
+        except ImportError as err:  # psycopg and pgvector are the `postgres` extra
             raise ValueError(
-                f"a Postgres store needs psycopg and psycopg_pool: pip install 'dimmem[postgres]' ({err})"
+                "a Postgres store needs psycopg, psycopg_pool and pgvector: "
+                f"pip install 'dimmem[postgres]' ({err})"
             ) from None
         return PostgresStore(url, migrate=migrate, indexes=indexes, **options)
     if "://" in url and not url.startswith(SQLITE_URL):

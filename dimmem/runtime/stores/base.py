@@ -85,8 +85,9 @@ class Dialect(Protocol):
     for_update: str
     """What locks a read row until commit ("" where the transaction already holds the writer's lock)."""
 
-    def transaction(self) -> AbstractContextManager[Any]:
-        """One atomic write block: all of it lands or none of it, also when the process is killed."""
+    def transaction(self, write: bool = True) -> AbstractContextManager[Any]:
+        """One atomic write block: all of it lands or none of it, also when the process is killed.
+        `write=False`: reads only (a write inside is refused), and no user's write lock is taken."""
 
     def cursor(self, user_id: str, write: bool = False) -> AbstractContextManager[Sql]:
         """A cursor on the block's connection (or a transaction of its own outside one) confined to the

@@ -33,7 +33,10 @@ from dimmem.runtime.stores.lookup import Lookup
 
 STATUSES_LEFT = ("superseded", "merged", "deleted")  # what an active record can become
 _SELECT = ", ".join(f'"{c}"' for c in schema.COLUMNS)  # (quoted: `time` is a keyword in Postgres)
-_INSERT_RECORD = f"INSERT INTO records ({_SELECT}, seq) VALUES ({', '.join('?' * (len(schema.COLUMNS) + 1))})"
+_VALUES = ", ".join("?" * len(schema.COLUMNS))
+_INSERT_RECORD = f"INSERT INTO records ({_SELECT}, seq) VALUES ({_VALUES}, ?)"
+_SEQ = "(SELECT seq FROM user_stats WHERE {user})"  # the user's change number `_bump` just drew
+_INSERT_NEW = f"INSERT INTO records ({_SELECT}, seq) VALUES ({_VALUES}, {_SEQ})"
 _INSERT_HISTORY = (
     "INSERT INTO record_history (user_id, record_id, version, action, snapshot, at) VALUES (?,?,?,?,?,?)"
 )
@@ -80,9 +83,10 @@ class RecordLog:
         """A trivial query answers and the schema is this code's (readiness checks)."""
         return self.dialect.ping() and self.schema_version() == len(schema.migrations(self.dialect.name))
 
-    def transaction(self):
-        """One atomic write block; the writes below run inside one."""
-        return self.dialect.transaction()
+    def transaction(self, write: bool = True):
+        """One atomic write block; the writes below run inside one. `write=False`: a block of reads only,
+        on one connection, without the user's write lock (several reads for one decision)."""
+        return self.dialect.transaction(write)
 
     def close(self) -> None:
         for index in self.indexes.values():
@@ -106,7 +110,8 @@ class RecordLog:
             "status": "active",
         }
         with self.dialect.cursor(user_id, write=True) as sql:  # stamped as it lands: one write fewer
-            sql.run(_INSERT_RECORD, [*(row[c] for c in schema.COLUMNS), self._next_seq(sql, user_id)])
+            self._bump(sql, user_id)
+            sql.run(_INSERT_NEW, [*(row[c] for c in schema.COLUMNS), user_id])
             self._index(sql, user_id, record, vector, stamp=False)
             self._snapshot(sql, user_id, record["id"], 1, action, now, schema.decode(self.dialect, row))
 
@@ -125,7 +130,7 @@ class RecordLog:
                 f"UPDATE records SET {sets}, version=?, updated=? WHERE {{user}} AND id=?",
                 [*row.values(), version, now, user_id, record_id],
             )
-            self._unindex(sql, user_id, record_id)
+            self._unindex(sql, user_id, current)
             self._index(sql, user_id, merged, vector)
             self._snapshot(sql, user_id, record_id, version, action, now)
         return version
@@ -140,7 +145,7 @@ class RecordLog:
                 "UPDATE records SET status=?, version=version+1, updated=? WHERE {user} AND id=?",
                 (status, now, user_id, record_id),
             )
-            self._unindex(sql, user_id, record_id)
+            self._unindex(sql, user_id, current)
             self._snapshot(sql, user_id, record_id, current["version"] + 1, action, now)
 
     def restore(self, user_id: str, record_id: str, vector: np.ndarray) -> int:
@@ -180,35 +185,36 @@ class RecordLog:
     ) -> None:
         sql.many(
             "INSERT INTO record_keywords (user_id, type, keyword, record_id) VALUES (?,?,?,?)",
-            [
-                (user_id, record["type"], k, record["id"])
-                for k in sorted({k.casefold() for k in record["keywords"]})
-            ],
+            _keyword_rows(user_id, record),
         )
         if stamp:
             self._stamp(sql, user_id, record["id"])
         for index in self.indexes.values():
             index.upsert(sql, user_id, record, vector)
 
-    def _unindex(self, sql: Sql, user_id: str, record_id: str) -> None:
-        sql.run("DELETE FROM record_keywords WHERE {user} AND record_id=?", (user_id, record_id))
-        self._stamp(sql, user_id, record_id)
+    def _unindex(self, sql: Sql, user_id: str, record: dict) -> None:
+        """Out of every index: `record` is the active version, as it was indexed."""
+        sql.many(
+            "DELETE FROM record_keywords WHERE {user} AND type=? AND keyword=? AND record_id=?",
+            _keyword_rows(user_id, record),
+        )
+        self._stamp(sql, user_id, record["id"])
         for index in self.indexes.values():
-            index.remove(sql, user_id, record_id)
+            index.remove(sql, user_id, record["id"])
 
     def _stamp(self, sql: Sql, user_id: str, record_id: str) -> None:
         """The record gets the user's next change number: every process's in-process indexes re-read it."""
-        sql.run(
-            "UPDATE records SET seq=? WHERE {user} AND id=?",
-            (self._next_seq(sql, user_id), user_id, record_id),
-        )
+        self._bump(sql, user_id)
+        sql.run(f"UPDATE records SET seq={_SEQ} WHERE {{user}} AND id=?", (user_id, user_id, record_id))
 
-    def _next_seq(self, sql: Sql, user_id: str) -> int:
-        return sql.row(
+    def _bump(self, sql: Sql, user_id: str) -> None:
+        """Draw the user's next change number; the statement that stamps reads it back, so no statement of
+        a write waits for a result (Postgres sends a write block's statements in one pipeline)."""
+        sql.run(
             "INSERT INTO user_stats (user_id, seq) VALUES (?, 1) "
-            f"ON CONFLICT ({self.dialect.user_key}) DO UPDATE SET seq = user_stats.seq + 1 RETURNING seq",
+            f"ON CONFLICT ({self.dialect.user_key}) DO UPDATE SET seq = user_stats.seq + 1",
             (user_id,),
-        )["seq"]
+        )
 
     def _snapshot(
         self,
@@ -308,3 +314,9 @@ class RecordLog:
             }
             for r in rows
         ]
+
+
+def _keyword_rows(user_id: str, record: dict) -> list[tuple]:
+    """The record's rows of the keyword lookup (its primary key): one per casefolded keyword."""
+    keywords = sorted({k.casefold() for k in record["keywords"]})
+    return [(user_id, record["type"], k, record["id"]) for k in keywords]

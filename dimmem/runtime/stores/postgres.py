@@ -31,11 +31,13 @@ import logging
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import cache
 
 import psycopg
+from pgvector.psycopg.vector import register_vector_info
 from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -53,9 +55,30 @@ MIGRATION_LOCK = 0x64696D6D656D  # pg_advisory_lock key: two processes starting 
 _TENANT = "tenant = current_setting('dimmem.tenant')"
 
 
+# The keyword lookup (`Lookup.keywords`): each (type, keyword) reads at most `limit` entries of
+# record_keywords' primary key, laterally (params: types, keywords, user, limit, limit)
+KEYWORD_LOOKUP = (
+    "SELECT k.record_id, count(*) AS shared "
+    "FROM unnest(?::text[]) AS t(type) CROSS JOIN unnest(?::text[]) AS q(keyword) "
+    "CROSS JOIN LATERAL (SELECT record_id FROM record_keywords r "
+    f"WHERE r.{_TENANT} AND r.user_id=? AND r.type = t.type AND r.keyword = q.keyword "
+    "ORDER BY r.record_id LIMIT ?) k "
+    "GROUP BY k.record_id ORDER BY shared DESC, k.record_id LIMIT ?"
+)
+
+
 @cache
 def _translate(query: str) -> str:
     return query.replace("{user}", f"{_TENANT} AND user_id=?").replace("?", "%s")
+
+
+def _binary_vectors(conn: psycopg.Connection) -> None:
+    """pgvector's type on a new pooled connection, in binary: a numpy vector goes as 1.5 KB of float4,
+    not 384 numbers as text that the server parses (a third of an insert's cost). Before the first migration
+    installs the extension there is no such type; `migrate` renews the pool's connections."""
+    info = TypeInfo.fetch(conn, "vector")
+    if info is not None:
+        register_vector_info(conn, info)
 
 
 class SchemaError(RuntimeError):
@@ -94,6 +117,7 @@ class PostgresDialect:
             max_size=self.pool_max,
             kwargs={"autocommit": True, "row_factory": dict_row},
             check=ConnectionPool.check_connection,
+            configure=_binary_vectors,
             name="dimmem",
             open=True,
         )
@@ -120,19 +144,27 @@ class PostgresDialect:
         return namespace if slash and namespace else DEFAULT_TENANT
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection]:
-        """The tenant is set by the first call inside; a block that names users of two tenants is refused."""
+    def transaction(self, write: bool = True) -> Iterator[psycopg.Connection]:
+        """The tenant is set by the first call inside; a block that names users of two tenants is refused.
+        A write block is pipelined: a statement whose result nobody reads is sent without waiting for the
+        server. A read block (`write=False`) runs read only and takes no user's lock; it is not pipelined
+        (each of its reads waits for its rows anyway, and a pipeline's syncs cost more than they save)."""
         tx = getattr(self._local, "tx", None)
         if tx is not None:  # nested: a savepoint on the same connection
+            if write and not tx["write"]:
+                raise RuntimeError("a write block inside a read block")
             with tx["conn"].transaction():
                 yield tx["conn"]
             return
-        with _refused_values(), self.pool.connection() as conn, conn.transaction():
-            self._local.tx = {"conn": conn, "tenant": None, "users": set()}
+        with _refused_values(), self.pool.connection() as conn:
+            conn.read_only = None if write else True  # BEGIN or BEGIN READ ONLY
             try:
-                yield conn
+                with conn.transaction(), conn.pipeline() if write else nullcontext():
+                    self._local.tx = {"conn": conn, "tenant": None, "users": set(), "write": write}
+                    yield conn
             finally:
                 self._local.tx = None
+                conn.read_only = None
 
     @contextmanager
     def cursor(self, user_id: str, write: bool = False) -> Iterator[Sql]:
@@ -145,7 +177,7 @@ class PostgresDialect:
             elif tx["tenant"] != tenant:
                 raise ValueError(f"one transaction, one tenant: {tx['tenant']!r}, then {tenant!r}")
             with tx["conn"].cursor() as cur:
-                if user_id not in tx["users"]:  # the block's first call for the user: one writer per user
+                if tx["write"] and user_id not in tx["users"]:  # the first call for the user: one writer
                     self._lock_user(cur, user_id)
                     tx["users"].add(user_id)
                 yield Sql(cur, _translate)
@@ -213,16 +245,7 @@ class PostgresDialect:
         return value
 
     def keywords(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
-        # each (type, keyword) reads at most `limit` entries of the primary key, laterally
-        rows = sql.rows(
-            "SELECT k.record_id, count(*) AS shared "
-            "FROM unnest(?::text[]) AS t(type) CROSS JOIN unnest(?::text[]) AS q(keyword) "
-            "CROSS JOIN LATERAL (SELECT record_id FROM record_keywords r "
-            f"WHERE r.{_TENANT} AND r.user_id=? AND r.type = t.type AND r.keyword = q.keyword "
-            "ORDER BY r.record_id LIMIT ?) k "
-            "GROUP BY k.record_id ORDER BY shared DESC, k.record_id LIMIT ?",
-            (types, keys, user_id, self.limit(limit), self.limit(limit)),
-        )
+        rows = sql.rows(KEYWORD_LOOKUP, (types, keys, user_id, self.limit(limit), self.limit(limit)))
         return [r["record_id"] for r in rows]
 
     # --- schema ------------------------------------------------------------------------------------
@@ -255,6 +278,8 @@ class PostgresDialect:
                         conn.execute(
                             "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
                         )
+                if pending and self.pool is not None:
+                    self.pool.drain()  # new connections, configured for the types the migrations made
                 return len(pending)
             except psycopg.errors.RaiseException as err:  # a migration's own refusal says what to do
                 raise SchemaError(f"{step}: {err.diag.message_primary} ({err.diag.message_hint})") from None

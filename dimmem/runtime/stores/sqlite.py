@@ -49,8 +49,8 @@ class SQLiteDialect:
         return db
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        self.db.execute("BEGIN IMMEDIATE")
+    def transaction(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE" if write else "BEGIN")  # (a read block: one snapshot, no lock)
         try:
             yield self.db
         except BaseException:

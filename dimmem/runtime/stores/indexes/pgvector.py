@@ -12,12 +12,12 @@ from dimmem.runtime.stores.base import Sql
 DIMENSIONS = 384  # the embedding column (all-MiniLM-L6-v2); another embedder needs a migration
 
 
-def _vector(vector: np.ndarray) -> list[float]:
-    """A vector as a float list (sent as float8[], cast to vector: exact for float32 values)."""
+def _vector(vector: np.ndarray) -> np.ndarray:
+    """A vector as the store's float32 (sent in pgvector's binary format: the dialect registers it)."""
     values = np.asarray(vector, dtype=np.float32).ravel()
     if values.size != DIMENSIONS:
         raise ValueError(f"vector of {values.size} dimensions; the store holds {DIMENSIONS}")
-    return values.tolist()
+    return values
 
 
 class PgVectors:
@@ -62,14 +62,14 @@ class PgVectors:
     def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
         """(ids, matrix) of the given (None: all) active records' vectors, ordered by id."""
         rows = sql.rows(
-            "SELECT record_id, embedding::real[] AS vec FROM record_vectors "
+            "SELECT record_id, embedding FROM record_vectors "
             "WHERE {user} AND (?::text[] IS NULL OR record_id = ANY(?::text[])) ORDER BY record_id",
             (user_id, record_ids, record_ids),
-            binary=True,  # float4[] in binary: exact, and far faster to load than text
+            binary=True,  # pgvector's binary format: float32 bytes, exact, no parsing of numbers
         )
         if not rows:
             return [], np.zeros((0, 0), dtype=np.float32)
-        return [r["record_id"] for r in rows], np.array([r["vec"] for r in rows], dtype=np.float32)
+        return [r["record_id"] for r in rows], np.stack([r["embedding"].to_numpy() for r in rows])
 
     def close(self) -> None:
         pass
