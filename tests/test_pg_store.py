@@ -391,6 +391,32 @@ def test_row_level_security_confines_an_unfiltered_query(pg, url):
         store.close()
 
 
+def test_a_read_block_locks_no_writer_out_and_leaves_its_connection_writable(url):
+    """`transaction(write=False)` (the update path's reads for one decision) runs read only and takes no
+    user lock: a writer of the same user goes ahead meanwhile, and the next block on the same pooled
+    connection writes again."""
+    store = open_store(url, pool_min=1, pool_max=2)
+    try:
+        with store.transaction(write=False):
+            assert store.get("ann", "r1") is None
+            writer = threading.Thread(target=store.insert, args=("ann", CORPUS[0], unit(1)))
+            writer.start()
+            writer.join(10)
+            assert not writer.is_alive()
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), store.transaction(write=False):
+            store.insert("ann", CORPUS[1], unit(2))
+    finally:
+        store.close()
+    store = open_store(url, pool_min=1, pool_max=1)  # one connection: the read block's is the next write's
+    try:
+        with store.transaction(write=False):
+            store.get("ann", "r1")
+        store.insert("ann", CORPUS[1], unit(2))
+        assert [r["id"] for r in store.records("ann")] == ["r1", "r2"]
+    finally:
+        store.close()
+
+
 def test_sigkill_mid_transaction_leaves_nothing(store, url):
     store.insert("ann", record("before", "Ann was here before", ["Ann"]), unit(1))
     script = textwrap.dedent(

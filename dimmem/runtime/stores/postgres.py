@@ -164,7 +164,8 @@ class PostgresDialect:
                     yield conn
             finally:
                 self._local.tx = None
-                conn.read_only = None
+                if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                    conn.read_only = None  # (a broken connection is not reused: the pool drops it)
 
     @contextmanager
     def cursor(self, user_id: str, write: bool = False) -> Iterator[Sql]:
