@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 
 import pytest
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.records import memory_record
+from dimmem.runtime.consolidate import consolidate_rules
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
 from dimmem.runtime.stores import open_store
@@ -140,6 +142,62 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
     history = memory.history("home-1", user_id="ann")
     assert [h["action"] for h in history] == ["ADD", "SUPERSEDED_BY home-2"]
     assert history[0]["record"]["content"] == "Ann lives in Denver."
+
+
+def _count_blocks(memory, monkeypatch) -> list[bool]:
+    """The store's outermost blocks from now on, as their `write` flags."""
+    blocks, depth, opened = [], [0], memory.store.transaction
+
+    @contextmanager
+    def counted(write=True):
+        if not depth[0]:
+            blocks.append(write)
+        depth[0] += 1
+        try:
+            with opened(write):
+                yield
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(memory.store, "transaction", counted)
+    return blocks
+
+
+def test_the_rules_decide_inside_the_records_write_block_a_model_outside_it(
+    memory, embedder, memory_factory, monkeypatch
+):
+    """A record consolidated by the rules costs one transaction (lookup, decision and write together);
+    a model's decision is taken between a read block and a write block that re-checks its target, and a
+    rules merge leaves its block to embed the merged text, then writes as a model's decision does."""
+    old = rec(id="home-1", type="fact", content="Ann lives in Denver.", keywords=["Ann", "home", "Denver"])
+    new = rec(
+        id="home-2", type="fact", content="Ann lives in Austin now.", keywords=["Ann", "home", "Austin"]
+    )
+    memory.add_records([old], user_id="ann")
+    blocks = _count_blocks(memory, monkeypatch)
+    assert memory.add_records([new], user_id="ann")[0]["action"] == "SUPERSEDE"
+    assert blocks == [True]
+    blocks.clear()
+    trip = rec(
+        id="trip-1", content="Ann went camping at the lake.", time="2023-07-01", keywords=["Ann", "lake"]
+    )
+    again = {**trip, "id": "trip-2", "content": "Ann went camping at the lake with her kids."}
+    memory.add_records([trip], user_id="ann")
+    assert blocks == [True]
+    assert memory.add_records([again], user_id="ann")[0]["action"] == "MERGE"
+    assert blocks == [True, True, True]  # decided (nothing written), then the merge written
+    assert memory.get("trip-1", user_id="ann")["content"] == again["content"]
+
+    asked = []
+    model = memory_factory(
+        store="b",
+        embedder=embedder,
+        consolidator=lambda new, old, sim: asked.append(new["id"]) or consolidate_rules(new, old, sim),
+    )
+    model.add_records([old], user_id="ann")
+    blocks = _count_blocks(model, monkeypatch)
+    assert model.add_records([new], user_id="ann")[0]["action"] == "SUPERSEDE" and asked == ["home-2"]
+    assert blocks == [False, True]
 
 
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, memory_factory):

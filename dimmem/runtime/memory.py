@@ -38,11 +38,12 @@ deleted record comes back only by `restore`; superseded and merged records are h
 
 Threads: a `Memory` may be shared by any number of threads, and no call holds the store for long.
 - One store lock (the single SQLite connection; none for Postgres, whose pool serves threads at once
-  and whose transactions lock the user they write in the database) is taken per record write
-  (candidate lookup, then the record's transaction, which re-reads the consolidation target's status
-  and version under `BEGIN IMMEDIATE`: a target deleted or changed meanwhile means a fresh decision, at
-  worst KEEP_BOTH), per turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`,
-  `history`) only for their store calls. Consolidation decisions (a model call, maybe) run outside it.
+  and whose transactions lock the user they write in the database) is taken per record write, per
+  turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`, `history`) only for
+  their store calls. A record consolidated by the rules is looked up, decided and written in one
+  transaction; a model's decision runs outside the lock, between the candidate lookup and the record's
+  transaction, which re-reads the target's status and version under `BEGIN IMMEDIATE`: a target
+  deleted or changed meanwhile means a fresh decision, at worst KEEP_BOTH.
 - One embedder, behind a `Batcher`: embeddings are computed outside the store lock, at most
   `EMBED_BATCH` texts per model call; the query embeddings of concurrent searches (and an add's batch)
   that queue behind one call share the next.
@@ -82,7 +83,7 @@ from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import TurnScope, validate
 from dimmem.contract.windows import Window, _fit, make_windows
 from dimmem.runtime.config import MemoryConfig, load_memory_config
-from dimmem.runtime.consolidate import MEMORY_FIELDS, decision_scope
+from dimmem.runtime.consolidate import MEMORY_FIELDS, consolidate_rules, decision_scope
 from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor, keep_valid
 from dimmem.runtime.query import lexical_terms
@@ -355,63 +356,99 @@ class Memory:
         return events
 
     def _add_one(self, user_id: str, record: dict, vector: np.ndarray, active: int) -> dict:
-        """`active`: the user's active records before this one (a statistic: this writer's count)."""
+        """`active`: the user's active records before this one (a statistic: this writer's count).
+
+        With the rules (no model call) the record is looked up, decided and written in one write block:
+        nothing can change under the decision, and one transaction per record is what a Postgres add
+        costs. A model's decision is taken outside the store: the reads in a read block, the write in
+        another that re-reads the target. A merge's text is embedded outside the store too, so a merge
+        by the rules leaves its block and takes the checked way."""
         unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
-        update = self.config.update
+        local = self.consolidator is consolidate_rules
         for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
-            best, candidate, similarity = None, None, 0.0
-            if attempt < CONSOLIDATION_ATTEMPTS:  # the last attempt: KEEP_BOTH
-                paper = update.candidates == "paper"
-                names = set() if paper else {record["speaker"].casefold()}
-                keys = [k for k in record["keywords"] if k.casefold() not in names]
+            last = attempt == CONSOLIDATION_ATTEMPTS  # the last attempt: KEEP_BOTH
+            if local:
+                with self._store_lock, self.store.transaction():
+                    if self.store.get(user_id, record["id"]) is not None:
+                        return unchanged
+                    best, similarity, candidate = self._candidate(user_id, record, vector, active, last)
+                    decision = self._consult(record, candidate, similarity)
+                    if decision["action"] != "MERGE":
+                        return self._apply(user_id, record, vector, best, decision)
+            else:
                 with self._store_lock, self.store.transaction(write=False):  # the reads for one decision
-                    candidates = self.store.lookup.keywords(
-                        user_id, record["type"], keys, update.max_candidates
-                    )
-                    if paper:
-                        candidates = self._paper_candidates(user_id, record, candidates)
-                    self.stats["embedding_comparisons"] += len(candidates)
-                    self.stats["baseline_comparisons"] += active  # comparing with every active record
-                    if candidates:
-                        best, similarity, candidate = self._closest(
-                            user_id, record, vector, candidates, paper
-                        )
-            decision = {"action": "KEEP_BOTH", "memory": None}
-            if candidate is not None:  # decided outside the store lock (a model call, maybe)
-                decision = self.consolidator(record, candidate, similarity)
-                # a bad decision never damages the store
-                if not validate("consolidate", decision, decision_scope(record, candidate)).ok:
-                    with self._store_lock:
-                        self.stats["invalid_consolidations"] += 1
-                    decision = {"action": "KEEP_BOTH", "memory": None}
-            action = decision["action"]
-            merged_vector = None
-            if action == "MERGE":
-                merged_vector = self._encode([decision["memory"]["content"]])[0]
+                    best, similarity, candidate = self._candidate(user_id, record, vector, active, last)
+                decision = self._consult(record, candidate, similarity)  # a model call, maybe
+            merged = None
+            if decision["action"] == "MERGE":
+                merged = self._encode([decision["memory"]["content"]])[0]
             # the record and its consolidation land together or not at all; the target is re-read under
             # BEGIN IMMEDIATE: deleted, merged away or changed by another writer meanwhile -> decide again
             with self._store_lock, self.store.transaction():
                 if self.store.get(user_id, record["id"]) is not None:
                     return unchanged
-                if action != "KEEP_BOTH":
+                if decision["action"] != "KEEP_BOTH":
                     now = self.store.get(user_id, best)
                     if now is None or (now["status"], now["version"]) != ("active", candidate["version"]):
                         self.stats["stale_consolidations"] += 1
                         continue
-                if action == "MERGE":
-                    self.store.insert(user_id, record, vector)
-                    self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
-                    self.store.revise(
-                        user_id, best, decision["memory"], merged_vector, f"MERGE {record['id']}"
-                    )
-                elif action == "SUPERSEDE":
-                    self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
-                    self.store.insert(user_id, {**record, **decision["memory"]}, vector)
-                else:
-                    self.store.insert(user_id, record, vector)
-                self.stats[action] += 1
-            return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
+                return self._apply(user_id, record, vector, best, decision, merged)
         raise AssertionError("unreachable: the last attempt keeps both")
+
+    def _candidate(
+        self, user_id: str, record: dict, vector: np.ndarray, active: int, last: bool
+    ) -> tuple[str | None, float, dict | None]:
+        """The stored record to consolidate the new one with: (id, similarity, record), or (None, 0, None)
+        when none is close enough, and on the `last` attempt (which keeps both without looking)."""
+        if last:
+            return None, 0.0, None
+        update = self.config.update
+        paper = update.candidates == "paper"
+        names = set() if paper else {record["speaker"].casefold()}
+        keys = [k for k in record["keywords"] if k.casefold() not in names]
+        candidates = self.store.lookup.keywords(user_id, record["type"], keys, update.max_candidates)
+        if paper:
+            candidates = self._paper_candidates(user_id, record, candidates)
+        self.stats["embedding_comparisons"] += len(candidates)
+        self.stats["baseline_comparisons"] += active  # comparing with every active record
+        if not candidates:
+            return None, 0.0, None
+        return self._closest(user_id, record, vector, candidates, paper)
+
+    def _consult(self, record: dict, candidate: dict | None, similarity: float) -> dict:
+        """The consolidator's decision; KEEP_BOTH without a candidate or for an invalid decision."""
+        if candidate is None:
+            return {"action": "KEEP_BOTH", "memory": None}
+        decision = self.consolidator(record, candidate, similarity)
+        if validate("consolidate", decision, decision_scope(record, candidate)).ok:
+            return decision
+        with self._store_lock:  # a bad decision never damages the store
+            self.stats["invalid_consolidations"] += 1
+        return {"action": "KEEP_BOTH", "memory": None}
+
+    def _apply(
+        self,
+        user_id: str,
+        record: dict,
+        vector: np.ndarray,
+        best: str | None,
+        decision: dict,
+        merged: np.ndarray | None = None,
+    ) -> dict:
+        """Write the record and its decision (inside the caller's write block); `merged`: the merged
+        text's vector. Returns the record's event."""
+        action = decision["action"]
+        if action == "MERGE":
+            self.store.insert(user_id, record, vector)
+            self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
+            self.store.revise(user_id, best, decision["memory"], merged, f"MERGE {record['id']}")
+        elif action == "SUPERSEDE":
+            self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
+            self.store.insert(user_id, {**record, **decision["memory"]}, vector)
+        else:
+            self.store.insert(user_id, record, vector)
+        self.stats[action] += 1
+        return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
 
     def _closest(
         self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str], paper: bool = False
