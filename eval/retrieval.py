@@ -105,7 +105,16 @@ def question_rankings(
     out["rrf"] = [rid for rid, _, _ in rrf(paths)]
     retrieval = memory.config.retrieval
     for name, used in (("bm25+dense", {k: paths[k] for k in ("bm25", "dense")}), ("fused", paths)):
-        hits = fuse(memory.store, user_id, used, parsed, retrieval.depth, retrieval.weights, retrieval.fusion)
+        hits = fuse(
+            memory.store,
+            user_id,
+            used,
+            parsed,
+            retrieval.depth,
+            retrieval.weights,
+            retrieval.fusion,
+            retrieval.dedup_k,
+        )
         out[name] = [hit.record["id"] for hit in hits]
     hits = fuse(memory.store, user_id, paths, parsed, retrieval.depth, None, "dedup", retrieval.dedup_k)
     out["dedup"] = [hit.record["id"] for hit in hits]

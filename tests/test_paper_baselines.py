@@ -61,18 +61,18 @@ PATHS = {  # given in another order than the authors': dedup's order is its own
 
 
 def test_dedup_is_lexical_top_k_then_dimension_then_dense_each_record_once():
-    fused = dedup(PATHS, k=2)
+    fused = dedup(PATHS, None, k=2)
     # bm25's top 2, the dimension path's (b2 again: dropped), dense's (b1 again: dropped); rank 3 cut
     assert [rid for rid, _, _ in fused] == ["b1", "b2", "m1", "d1"]
     assert [score for _, score, _ in fused] == pytest.approx([1, 1 / 2, 1 / 3, 1 / 4])
     # every path's own rank and score kept, as the other fusions keep them
     assert fused[0][2] == {"bm25": {"rank": 1, "score": 0.5}, "dense": {"rank": 2, "score": 0.8}}
     assert fused[1][2] == {"bm25": {"rank": 2, "score": 0.4}, "dimension": {"rank": 2, "score": 0.9}}
-    assert [rid for rid, _, _ in dedup(PATHS)] == ["b1", "b2", "b3", "m1", "m2", "d1", "d2"]  # k 15
-    assert [rid for rid, _, _ in dedup(PATHS, k=1)] == ["b1", "m1", "d1"]
+    assert [rid for rid, _, _ in dedup(PATHS, None, 15)] == ["b1", "b2", "b3", "m1", "m2", "d1", "d2"]
+    assert [rid for rid, _, _ in dedup(PATHS, None, k=1)] == ["b1", "m1", "d1"]
     # a path weighted 0 (or not named) is left out
     assert [rid for rid, _, _ in dedup(PATHS, {"bm25": 1.0, "dense": 1.0}, k=2)] == ["b1", "b2", "d1"]
-    assert dedup({"bm25": [], "dimension": [], "dense": []}) == []
+    assert dedup({"bm25": [], "dimension": [], "dense": []}, None, 15) == []
 
 
 def test_normalized_content_ignores_case_punctuation_and_spacing():
@@ -100,7 +100,12 @@ def test_fuse_dedup_drops_duplicate_contents_and_respects_k(memory_factory):
     hits = fuse(memory.store, "bob", paths, {}, k=10, fusion="dedup", dedup_k=3)
     assert [h.record["id"] for h in hits] == ["a", "c", "b"]  # a-again: a's content, dropped
     assert hits[0].paths["dimension"] == {"rank": 2, "score": 0.5}
-    assert [h.record["id"] for h in fuse(memory.store, "bob", paths, {}, k=2, fusion="dedup")] == ["a", "c"]
+    assert [h.record["id"] for h in fuse(memory.store, "bob", paths, {}, k=2, fusion="dedup", dedup_k=3)] == [
+        "a",
+        "c",
+    ]
+    with pytest.raises(ValueError, match="dedup_k"):
+        fuse(memory.store, "bob", paths, {}, k=2, fusion="dedup")
     # the other fusions keep both records of one content: dedup alone drops them
     assert {"a", "a-again"} <= {h.record["id"] for h in fuse(memory.store, "bob", paths, {}, k=10)}
 

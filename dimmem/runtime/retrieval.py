@@ -144,11 +144,10 @@ def _combine(paths, weights, contributions) -> list[tuple[str, float, dict]]:
 
 
 DEDUP_ORDER = ("bm25", "dimension", "dense")  # the authors' route order: lexical, structured, dense
-DEDUP_K = 15  # the authors' per-route cut
 
 
 def dedup(
-    paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None, k: int = DEDUP_K
+    paths: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None, k: int
 ) -> list[tuple[str, float, dict]]:
     """The DimMem authors' fusion, as a baseline: each path's top `k` concatenated in their order (BM25,
     then the structured route, then dense), a record ranked again dropped; same shape as `rrf`, the
@@ -183,13 +182,16 @@ def fuse(
     k: int,
     weights: dict[str, float] | None = None,
     fusion: str = "score",
-    dedup_k: int = DEDUP_K,
+    dedup_k: int | None = None,
 ) -> list[Hit]:
     """The top `k` of the fusion (`FUSIONS`; `dedup` cuts each path to its top `dedup_k` and drops a
     record whose `normalized_content` an earlier one has), records dated outside the query's time (if it
     states one) after the rest, each group in fused order (for every fusion alike). Records are read a
     few more than `k` at a time, in fused order, only until `k` are known to come first: a search reads
-    about `k` records, not every candidate of every path."""
+    about `k` records, not every candidate of every path. `dedup_k`: `retrieval.dedup_k`, which fusion
+    `dedup` needs."""
+    if fusion == "dedup" and dedup_k is None:
+        raise ValueError("fusion 'dedup' needs dedup_k (the config's retrieval.dedup_k)")
     fused = dedup(paths, weights, dedup_k) if fusion == "dedup" else FUSIONS[fusion](paths, weights)
     seen: set[str] | None = set() if fusion == "dedup" else None  # contents already kept
     span = parse_span(query["time"]) if query.get("time") else None
