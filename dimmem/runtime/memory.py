@@ -21,7 +21,8 @@ stored turns as context; window indexes, hence record ids `<conversation>/wNNNN#
 Stored turns are never rewritten: records point at them.
 
 Crashes and retries: an add writes its new turns and its windows (pending) in one transaction, then
-each record in its own transaction, then marks the windows done. A killed add leaves pending windows;
+each record in its own transaction (on Postgres with the rules, each batch of `EMBED_BATCH` records in
+one), then marks the windows done. A killed add leaves pending windows;
 the next add of that conversation (a retry of the same messages, or the next turns) extracts them
 again: what was stored comes back UNCHANGED (record ids are stable), the rest is added, so a retry
 ends where one uninterrupted add would have. A window the extractor gave no answer for stays pending
@@ -41,7 +42,7 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
   and whose transactions lock the user they write in the database) is taken per record write, per
   turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`, `history`) only for
   their store calls. A record consolidated by the rules is looked up, decided and written in one
-  transaction; a model's decision runs outside the lock, between the candidate lookup and the record's
+  block (`_batch_block`); a model's decision runs outside the lock, between the candidate lookup and the record's
   transaction, which re-reads the target's status and version under `BEGIN IMMEDIATE`: a target
   deleted or changed meanwhile means a fresh decision, at worst KEEP_BOTH.
 - One embedder, behind a `Batcher`: embeddings are computed outside the store lock, at most
@@ -333,13 +334,24 @@ class Memory:
             if not consolidate:
                 events += self._insert_batch(user_id, batch, vectors)
                 continue
-            for record in batch:
-                if record["id"] in vectors:
-                    events.append(self._add_one(user_id, record, vectors[record["id"]], active))
-                    active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
-                else:
-                    events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
+            with self._batch_block():
+                for record in batch:
+                    if record["id"] in vectors:
+                        events.append(self._add_one(user_id, record, vectors[record["id"]], active))
+                        active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
+                    else:
+                        events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
         return events
+
+    def _batch_block(self) -> AbstractContextManager:
+        """Where a batch of consolidated records is one transaction (each record's block a savepoint in
+        it): on a pooled store (Postgres) with the rules. There a commit waits for the server's log flush,
+        while the user's lock held for a batch keeps out only that user's other writers (searches read
+        the last commit). With a model, whose calls must not hold a lock, and on SQLite, whose one
+        connection a search waits for, each record is a transaction of its own."""
+        if self.consolidator is consolidate_rules and not self.store.serialized:
+            return self.store.transaction()
+        return nullcontext()
 
     def _insert_batch(self, user_id: str, batch: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
         """The batch's records stored as given, in one transaction: ADD, or UNCHANGED for an id stored
