@@ -320,8 +320,9 @@ class Memory:
 
     def _write(self, user_id: str, records: list[dict], consolidate: bool) -> list[dict]:
         """Embeddings a batch at a time, outside the store lock; with consolidation each record in its own
-        transaction (its decision is checked against the store as it is then), without it each batch in
-        one (a write per batch, not per record: what ingest costs on a database that syncs commits)."""
+        block (its decision is checked against the store as it is then; `_batch_block` says whether the
+        batch is one transaction), without it each batch in one (a write per batch, not per record: what
+        ingest costs on a database that syncs commits)."""
         events = []
         for start in range(0, len(records), EMBED_BATCH):
             batch = records[start : start + EMBED_BATCH]
@@ -371,9 +372,9 @@ class Memory:
         """`active`: the user's active records before this one (a statistic: this writer's count).
 
         With the rules (no model call) the record is looked up, decided and written in one write block:
-        nothing can change under the decision, and one transaction per record is what a Postgres add
-        costs. A model's decision is taken outside the store: the reads in a read block, the write in
-        another that re-reads the target. A merge's text is embedded outside the store too, so a merge
+        nothing can change under the decision, and each block a record saves is a wait on a Postgres
+        server. A model's decision is taken outside the store: the reads in a read block, the write in
+        another that re-reads the target. A merge's text is embedded outside the block too, so a merge
         by the rules leaves its block and takes the checked way."""
         unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
         local = self.consolidator is consolidate_rules
