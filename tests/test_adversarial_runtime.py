@@ -405,17 +405,15 @@ def snapshot(memory: Memory, user_id: str) -> dict:
 
 
 class FailingEmbedder:
-    """An embedder until it has embedded `batches` batches of records (calls of several texts), then an
-    exception at its next call: an add dies midway, at a merge's text inside the next batch (SQLite
-    keeps that batch's records written before it, Postgres none of the batch) or before the batch."""
+    """An embedder until `fail_after` calls, then an exception: an add dies midway."""
 
-    def __init__(self, embedder, batches: int):
-        self.embedder, self.batches, self.embedded = embedder, batches, 0
+    def __init__(self, embedder, fail_after: int):
+        self.embedder, self.calls, self.fail_after = embedder, 0, fail_after
 
     def encode(self, texts):
-        if self.embedded == self.batches:
+        self.calls += 1
+        if self.calls > self.fail_after:
             raise RuntimeError("killed")
-        self.embedded += len(texts) > 1
         return self.embedder.encode(texts)
 
 
@@ -423,7 +421,7 @@ def test_an_add_that_died_midway_is_completed_by_the_next_add_of_the_conversatio
     """A crash leaves the add's windows pending; the next add (here: just the next turn) extracts them
     again: the store ends as one uninterrupted add of all turns would have left it."""
     config = {"windows": {"window": 4, "overlap": 1}}
-    dying = memory_factory(config, store="a", embedder=FailingEmbedder(words, batches=2))
+    dying = memory_factory(config, store="a", embedder=FailingEmbedder(words, fail_after=3))
     messages = chat(300)
     with pytest.raises(RuntimeError, match="killed"):
         dying.add(messages[:299], user_id="ann", conversation_id="c1")

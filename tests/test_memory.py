@@ -144,13 +144,14 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
     assert history[0]["record"]["content"] == "Ann lives in Denver."
 
 
-def _count_blocks(memory, monkeypatch) -> list[tuple[int, bool]]:
-    """The store's blocks from now on, as (depth, write): depth 0 a transaction, deeper a savepoint."""
+def _count_blocks(memory, monkeypatch) -> list[bool]:
+    """The store's outermost blocks from now on, as their `write` flags."""
     blocks, depth, opened = [], [0], memory.store.transaction
 
     @contextmanager
     def counted(write=True):
-        blocks.append((depth[0], write))
+        if not depth[0]:
+            blocks.append(write)
         depth[0] += 1
         try:
             with opened(write):
@@ -162,20 +163,12 @@ def _count_blocks(memory, monkeypatch) -> list[tuple[int, bool]]:
     return blocks
 
 
-def test_the_rules_decide_inside_the_write_block_a_model_outside_it(
+def test_the_rules_decide_inside_the_records_write_block_a_model_outside_it(
     memory, embedder, memory_factory, monkeypatch
 ):
-    """A record consolidated by the rules is looked up, decided and written in one block: a transaction
-    of its own on SQLite, a savepoint in its batch's one transaction on Postgres (where a commit waits
-    for the log's flush). A rules merge leaves its block to embed the merged text, then writes in
-    another. A model's decision is taken between a read block and a write block that re-checks its
-    target, each a transaction of its own on both backends."""
-
-    def rules(records: int) -> list[tuple[int, bool]]:  # the blocks of an add of one batch
-        if memory.store.serialized:
-            return [(0, True)] * records
-        return [(0, True)] + [(1, True)] * records
-
+    """A record consolidated by the rules costs one transaction (lookup, decision and write together);
+    a model's decision is taken between a read block and a write block that re-checks its target, and a
+    rules merge leaves its block to embed the merged text, then writes as a model's decision does."""
     old = rec(id="home-1", type="fact", content="Ann lives in Denver.", keywords=["Ann", "home", "Denver"])
     new = rec(
         id="home-2", type="fact", content="Ann lives in Austin now.", keywords=["Ann", "home", "Austin"]
@@ -183,18 +176,16 @@ def test_the_rules_decide_inside_the_write_block_a_model_outside_it(
     memory.add_records([old], user_id="ann")
     blocks = _count_blocks(memory, monkeypatch)
     assert memory.add_records([new], user_id="ann")[0]["action"] == "SUPERSEDE"
-    assert blocks == rules(1)
+    assert blocks == [True]
+    blocks.clear()
     trip = rec(
         id="trip-1", content="Ann went camping at the lake.", time="2023-07-01", keywords=["Ann", "lake"]
     )
     again = {**trip, "id": "trip-2", "content": "Ann went camping at the lake with her kids."}
-    other = rec(id="tea", type="profile", content="Ann drinks green tea.", keywords=["Ann", "tea"])
-    blocks.clear()
-    assert [e["action"] for e in memory.add_records([trip, other], user_id="ann")] == ["KEEP_BOTH"] * 2
-    assert blocks == rules(2)
-    blocks.clear()
+    memory.add_records([trip], user_id="ann")
+    assert blocks == [True]
     assert memory.add_records([again], user_id="ann")[0]["action"] == "MERGE"
-    assert blocks == rules(2)  # decided (nothing written), then the merge written
+    assert blocks == [True, True, True]  # decided (nothing written), then the merge written
     assert memory.get("trip-1", user_id="ann")["content"] == again["content"]
 
     asked = []
@@ -206,7 +197,7 @@ def test_the_rules_decide_inside_the_write_block_a_model_outside_it(
     model.add_records([old], user_id="ann")
     blocks = _count_blocks(model, monkeypatch)
     assert model.add_records([new], user_id="ann")[0]["action"] == "SUPERSEDE" and asked == ["home-2"]
-    assert blocks == [(0, False), (0, True)]
+    assert blocks == [False, True]
 
 
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, memory_factory):

@@ -21,8 +21,7 @@ stored turns as context; window indexes, hence record ids `<conversation>/wNNNN#
 Stored turns are never rewritten: records point at them.
 
 Crashes and retries: an add writes its new turns and its windows (pending) in one transaction, then
-each record in its own transaction (on Postgres with the rules, each batch of `EMBED_BATCH` records in
-one), then marks the windows done. A killed add leaves pending windows;
+each record in its own transaction, then marks the windows done. A killed add leaves pending windows;
 the next add of that conversation (a retry of the same messages, or the next turns) extracts them
 again: what was stored comes back UNCHANGED (record ids are stable), the rest is added, so a retry
 ends where one uninterrupted add would have. A window the extractor gave no answer for stays pending
@@ -42,7 +41,7 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
   and whose transactions lock the user they write in the database) is taken per record write, per
   turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`, `history`) only for
   their store calls. A record consolidated by the rules is looked up, decided and written in one
-  block (`_batch_block`); a model's decision runs outside the lock, between the candidate lookup and the record's
+  transaction; a model's decision runs outside the lock, between the candidate lookup and the record's
   transaction, which re-reads the target's status and version under `BEGIN IMMEDIATE`: a target
   deleted or changed meanwhile means a fresh decision, at worst KEEP_BOTH.
 - One embedder, behind a `Batcher`: embeddings are computed outside the store lock, at most
@@ -320,9 +319,8 @@ class Memory:
 
     def _write(self, user_id: str, records: list[dict], consolidate: bool) -> list[dict]:
         """Embeddings a batch at a time, outside the store lock; with consolidation each record in its own
-        block (its decision is checked against the store as it is then; `_batch_block` says whether the
-        batch is one transaction), without it each batch in one (a write per batch, not per record: what
-        ingest costs on a database that syncs commits)."""
+        transaction (its decision is checked against the store as it is then), without it each batch in
+        one (a write per batch, not per record: what ingest costs on a database that syncs commits)."""
         events = []
         for start in range(0, len(records), EMBED_BATCH):
             batch = records[start : start + EMBED_BATCH]
@@ -335,24 +333,13 @@ class Memory:
             if not consolidate:
                 events += self._insert_batch(user_id, batch, vectors)
                 continue
-            with self._batch_block():
-                for record in batch:
-                    if record["id"] in vectors:
-                        events.append(self._add_one(user_id, record, vectors[record["id"]], active))
-                        active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
-                    else:
-                        events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
+            for record in batch:
+                if record["id"] in vectors:
+                    events.append(self._add_one(user_id, record, vectors[record["id"]], active))
+                    active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
+                else:
+                    events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
         return events
-
-    def _batch_block(self) -> AbstractContextManager:
-        """Where a batch of consolidated records is one transaction (each record's block a savepoint in
-        it): on a pooled store (Postgres) with the rules. There a commit waits for the server's log flush,
-        while the user's lock held for a batch keeps out only that user's other writers (searches read
-        the last commit). With a model, whose calls must not hold a lock, and on SQLite, whose one
-        connection a search waits for, each record is a transaction of its own."""
-        if self.consolidator is consolidate_rules and not self.store.serialized:
-            return self.store.transaction()
-        return nullcontext()
 
     def _insert_batch(self, user_id: str, batch: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
         """The batch's records stored as given, in one transaction: ADD, or UNCHANGED for an id stored
@@ -372,9 +359,9 @@ class Memory:
         """`active`: the user's active records before this one (a statistic: this writer's count).
 
         With the rules (no model call) the record is looked up, decided and written in one write block:
-        nothing can change under the decision, and each block a record saves is a wait on a Postgres
-        server. A model's decision is taken outside the store: the reads in a read block, the write in
-        another that re-reads the target. A merge's text is embedded outside the block too, so a merge
+        nothing can change under the decision, and one transaction per record is what a Postgres add
+        costs. A model's decision is taken outside the store: the reads in a read block, the write in
+        another that re-reads the target. A merge's text is embedded outside the store too, so a merge
         by the rules leaves its block and takes the checked way."""
         unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
         local = self.consolidator is consolidate_rules
