@@ -58,6 +58,8 @@ class Service:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def __enter__(self) -> Service:
+        if self.process is not None and self.process.poll() is None:  # started already: one process
+            return self
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(

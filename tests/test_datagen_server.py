@@ -188,3 +188,15 @@ def test_small_context_server_clamps_and_says_what_cannot_fit(tmp_path):
                 )
         finally:
             srv.stop()
+
+
+def test_a_started_service_entered_again_is_still_one_process():
+    """`FakeTeacherProcess` starts at construction; a `with` on it must not start a second server (the
+    first would outlive the test, holding its port)."""
+    from devtools.fake_teacher import FakeTeacherProcess
+
+    server = FakeTeacherProcess()
+    first = server.process
+    with server as entered:
+        assert entered.process is first and first.poll() is None
+    assert first.poll() is not None
