@@ -1,0 +1,79 @@
+"""The update path's store work per record on both backends, side by side in one run: records consolidated
+by the rules, embedded by a hashing embedder (microseconds a text), so what is timed is the store's part.
+
+    python -m benchmarks.update_store --records 1000
+    py-spy record -o profile.txt -f raw -- python -m benchmarks.update_store --stores postgres
+
+Each store first takes `--records / 2` records (warm-up, not timed), then `--records` more, 500 per
+`add_records`, in one user. Postgres runs on an embedded server with fsync on, as the runtime's login role.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.runtime import synthetic
+from dimmem.contract.loaders import load_conversations
+from dimmem.paths import shared_data
+from dimmem.runtime.memory import Memory
+from dimmem.runtime.stores import open_store
+from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
+
+
+class HashingEmbedder:
+    """Each word hashed to one of 384 dimensions, unit length: similar texts are close, at no model cost."""
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in text.lower().split():
+                out[i, int(hashlib.md5(word.encode()).hexdigest()[:6], 16) % 384] += 1
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.update_store", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--records", type=int, default=1000)
+    parser.add_argument("--stores", default="sqlite,postgres")
+    parser.add_argument("--locomo", default=str(shared_data("locomo/locomo10.json")))
+    args = parser.parse_args(argv)
+    conversations = load_conversations("locomo", Path(args.locomo))
+    texts = [f"{t.speaker}: {t.text}" for c in conversations for t in c.turns]
+    warm = args.records // 2
+    rows = [r for r, _ in synthetic(warm + args.records, texts, HashingEmbedder().encode(texts))]
+    with tempfile.TemporaryDirectory() as workdir:
+        server = start_embedded(Path(workdir) / "pg") if "postgres" in args.stores else None
+        try:
+            urls = {"sqlite": str(Path(workdir) / "update.sqlite")}
+            if server is not None:
+                owner = server.database("update", fresh=True)
+                open_store(owner).close()  # migrates, as the owner
+                urls["postgres"] = server.login_role(RUNTIME_LOGIN, owner)
+            for name in args.stores.split(","):
+                memory = Memory({"store": urls[name]}, embedder=HashingEmbedder())
+                memory.add_records(rows[:warm], user_id="u")
+                start = time.perf_counter()
+                for i in range(warm, len(rows), 500):
+                    memory.add_records(rows[i : i + 500], user_id="u")
+                ms = (time.perf_counter() - start) / args.records * 1000
+                decisions = {a: memory.stats[a] for a in ("KEEP_BOTH", "SUPERSEDE", "MERGE")}
+                print(
+                    f"{name}: {ms:.2f} ms a record through the update path; decisions {decisions}", flush=True
+                )
+                memory.close()
+        finally:
+            if server is not None:
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
