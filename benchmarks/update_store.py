@@ -18,12 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.runtime import synthetic
+from benchmarks.runtime import backends, synthetic
 from dimmem.contract.loaders import load_conversations
 from dimmem.paths import shared_data
 from dimmem.runtime.memory import Memory
-from dimmem.runtime.stores import open_store
-from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
 
 
 class HashingEmbedder:
@@ -49,29 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     texts = [f"{t.speaker}: {t.text}" for c in conversations for t in c.turns]
     warm = args.records // 2
     rows = [r for r, _ in synthetic(warm + args.records, texts, HashingEmbedder().encode(texts))]
-    with tempfile.TemporaryDirectory() as workdir:
-        server = start_embedded(Path(workdir) / "pg") if "postgres" in args.stores else None
-        try:
-            urls = {"sqlite": str(Path(workdir) / "update.sqlite")}
-            if server is not None:
-                owner = server.database("update", fresh=True)
-                open_store(owner).close()  # migrates, as the owner
-                urls["postgres"] = server.login_role(RUNTIME_LOGIN, owner)
-            for name in args.stores.split(","):
-                memory = Memory({"store": urls[name]}, embedder=HashingEmbedder())
-                memory.add_records(rows[:warm], user_id="u")
-                start = time.perf_counter()
-                for i in range(warm, len(rows), 500):
-                    memory.add_records(rows[i : i + 500], user_id="u")
-                ms = (time.perf_counter() - start) / args.records * 1000
-                decisions = {a: memory.stats[a] for a in ("KEEP_BOTH", "SUPERSEDE", "MERGE")}
-                print(
-                    f"{name}: {ms:.2f} ms a record through the update path; decisions {decisions}", flush=True
-                )
-                memory.close()
-        finally:
-            if server is not None:
-                server.stop()
+    names = [n for n in args.stores.split(",") if n]
+    with tempfile.TemporaryDirectory() as workdir, backends(names, Path(workdir)) as made:
+        for name in names:
+            memory = Memory({"store": made[name][0]("update")}, embedder=HashingEmbedder())
+            memory.add_records(rows[:warm], user_id="u")
+            start = time.perf_counter()
+            for i in range(warm, len(rows), 500):
+                memory.add_records(rows[i : i + 500], user_id="u")
+            ms = (time.perf_counter() - start) / args.records * 1000
+            decisions = {a: memory.stats[a] for a in ("KEEP_BOTH", "SUPERSEDE", "MERGE")}
+            print(f"{name}: {ms:.2f} ms a record through the update path; decisions {decisions}", flush=True)
+            memory.close()
     return 0
 
 
