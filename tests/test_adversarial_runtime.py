@@ -147,8 +147,9 @@ def dense_problems(memory: Memory) -> list[str]:
     problems, fresh = [], MemoryVectors(store.dialect)
     for user in transfer.users(store):
         active = sorted(r["id"] for r in store.records(user))
-        ids, matrix = store.lookup.vectors(user, active)
-        for vector in matrix[:20]:
+        vectors = transfer.dump(store, user)["vectors"]
+        ids = sorted(vectors)
+        for vector in [vectors[rid] for rid in ids[:20]]:
             if store.lookup.dense(user, vector, 10) != fresh.search(user, vector, 10):
                 problems.append(f"{user}: a vector ranks otherwise than from scratch")
         held = store.indexes["dense"].users.get(user)

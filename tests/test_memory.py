@@ -17,7 +17,7 @@ from dimmem.contract.records import memory_record
 from dimmem.runtime.consolidate import consolidate_rules
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
-from dimmem.runtime.stores import open_store
+from dimmem.runtime.stores import open_store, transfer
 from dimmem.runtime.stores.schema import migrations
 from dimmem.runtime.stores.sqlite import SQLiteStore
 
@@ -352,7 +352,7 @@ def test_upgrade_indexes_the_records_already_stored(tmp_path):
 WRITER = textwrap.dedent("""
     import sys, numpy as np
     from dimmem.contract.records import memory_record
-    from dimmem.runtime.stores import open_store
+    from dimmem.runtime.stores import open_store, transfer
     store = open_store(sys.argv[1])
     user, start, count, pause = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     import time
@@ -394,8 +394,9 @@ def test_sigkill_mid_add_leaves_no_partial_record(store_url, backend):
             r["id"]
         ]
     ids = sorted(r["id"] for r in records)
-    assert lookup.vectors("ann", ids)[0] == ids and lookup.lexical("ann", "fact", 10_000)
-    assert sorted(rid for rid, _ in lookup.dense("ann", lookup.vectors("ann", ids)[1][0], 10_000)) == ids
+    vectors = transfer.dump(store, "ann")["vectors"]
+    assert sorted(vectors) == ids and lookup.lexical("ann", "fact", 10_000)
+    assert sorted(rid for rid, _ in lookup.dense("ann", vectors[ids[0]], 10_000)) == ids
     if backend == "sqlite":  # the file itself
         dense = store.indexes["dense"]
         _, stored, _ = dense.vectors_after("ann", 0)

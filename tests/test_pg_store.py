@@ -152,10 +152,20 @@ def test_contract_matches_the_sqlite_store(store, tmp_path):
     first = store.page("ann", limit=2)
     rest = store.page("ann", after=(first[-1]["created"], first[-1]["id"]))
     assert [r["id"] for r in first + rest] == [r["id"] for r in store.records("ann")]
-    ids, matrix = store.lookup.vectors("ann", ["r3", "r2", "r4", "b1"])  # r4 deleted, b1 another user's
-    lite_ids, lite_matrix = lite.lookup.vectors("ann", ["r3", "r2", "r4", "b1"])
-    assert ids == lite_ids == ["r2", "r3"] and matrix.dtype == np.float32
-    assert np.array_equal(matrix, lite_matrix)  # float32 exactly, through pgvector
+    vectors, lite_vectors = transfer.dump(store, "ann")["vectors"], transfer.dump(lite, "ann")["vectors"]
+    assert sorted(vectors) == sorted(lite_vectors) == ["r1", "r2", "r3", "r5"]  # r4 deleted
+    for rid, vector in vectors.items():  # float32 exactly, through pgvector
+        assert vector.dtype == np.float32 and np.array_equal(vector, lite_vectors[rid])
+    asked = ["r3", "r2", "r4", "b1", "r5", "nope"]  # r4 deleted, b1 another user's
+    cosines = {rid: float(vectors[rid] @ unit(3)) for rid in ("r2", "r3", "r5")}
+    best = sorted(cosines, key=lambda rid: -cosines[rid])
+    for k in (1, 2, 10):  # scored in the database as in Python: same order, same cosines
+        closest, lite_closest = (s.lookup.closest("ann", unit(3), asked, k) for s in (store, lite))
+        assert [rid for rid, _ in closest] == [rid for rid, _ in lite_closest] == best[:k]
+        assert [s for _, s in closest] == pytest.approx([cosines[rid] for rid in best[:k]], abs=1e-6)
+        assert [s for _, s in lite_closest] == pytest.approx([cosines[rid] for rid in best[:k]], abs=1e-6)
+    assert store.lookup.closest("ann", unit(3), [], 5) == []
+    assert store.lookup.closest("ann", unit(3), ["b1", "r4"], 5) == []  # another user's, deleted
     record_ = store.get("ann", "r5")
     assert record_["keywords"] == ["Ann", "marathon", "Berlin"] and record_["t_end"] == "2023-09-25"
     assert isinstance(record_["created"], float) and record_["version"] == 1

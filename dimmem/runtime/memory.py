@@ -458,19 +458,15 @@ class Memory:
         jazz" must not supersede "Alice loves jazz"), however close the two texts are. Only the
         `SPEAKER_PROBES` closest are read. `paper` (the authors' filter): the threshold is
         `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
-        ids, matrix = self.store.lookup.vectors(user_id, candidates)
-        if not ids:
-            return None, 0.0, None
-        scores = matrix @ vector
         update = self.config.update
         threshold = update.paper_similarity if paper else update.similarity_threshold
         speaker = record["speaker"].casefold()
-        for i in np.argsort(-scores, kind="stable")[:SPEAKER_PROBES]:
-            if scores[i] < threshold:
+        for rid, score in self.store.lookup.closest(user_id, vector, candidates, SPEAKER_PROBES):
+            if score < threshold:
                 break
-            found = self.store.get(user_id, ids[i])
+            found = self.store.get(user_id, rid)
             if found is not None and (paper or found["speaker"].casefold() == speaker):
-                return ids[i], float(scores[i]), found
+                return rid, score, found
         return None, 0.0, None
 
     def _paper_candidates(self, user_id: str, record: dict, candidates: list[str]) -> list[str]:

@@ -151,3 +151,9 @@ class Index(Protocol):
 class DenseIndex(Index, Protocol):
     def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
         """(ids, float32 matrix) of the given (None: all) active records' vectors, ordered by id."""
+
+    def closest(
+        self, sql: Sql, user_id: str, query: np.ndarray, record_ids: list[str], k: int
+    ) -> list[tuple[str, float]]:
+        """The k of the given active records nearest the query by cosine, scored exactly in the caller's
+        transaction: (id, similarity), best first, ties by id."""

@@ -10,8 +10,8 @@ import numpy as np
 class Lookup:
     """The reads that find records rather than change them: the dimension path's lookups over the log's
     keyword table (`record_keywords`) and day columns (`t_start`, `t_end`), the lexical and dense paths'
-    searches of the log's indexes (`log.indexes`), and the vectors the update path compares. Each answers
-    ids of active records (with scores or vectors) and needs none of the record lifecycle's rules: a
+    searches of the log's indexes (`log.indexes`), and the update path's scoring of its candidates. Each
+    answers ids of active records (with scores) and needs none of the record lifecycle's rules: a
     part of their own beside the log, not more surface on it."""
 
     def __init__(self, log: Any):
@@ -58,9 +58,15 @@ class Lookup:
             return []
         return self.log.indexes["dense"].search(user_id, np.asarray(vector, dtype=np.float32), k)
 
-    def vectors(self, user_id: str, record_ids: list[str]) -> tuple[list[str], np.ndarray]:
-        """(ids, float32 matrix) of the given active records' vectors, ordered by id."""
-        if not record_ids:
-            return [], np.zeros((0, 0), dtype=np.float32)
+    def closest(
+        self, user_id: str, vector: np.ndarray, record_ids: list[str], k: int
+    ) -> list[tuple[str, float]]:
+        """The k of the given active records nearest the vector by cosine, scored exactly where the
+        vectors are (the database, for Postgres) in the caller's transaction: (id, similarity), best
+        first, ties by id. Only scores travel, not the candidates' vectors."""
+        if not record_ids or k <= 0:
+            return []
         with self.log.dialect.cursor(user_id) as sql:
-            return self.log.indexes["dense"].vectors(sql, user_id, record_ids)
+            return self.log.indexes["dense"].closest(
+                sql, user_id, np.asarray(vector, dtype=np.float32), record_ids, k
+            )

@@ -91,6 +91,17 @@ class MemoryVectors:
         rows.sort(key=lambda r: r["record_id"])
         return [r["record_id"] for r in rows], _matrix([r["vec"] for r in rows])
 
+    def closest(
+        self, sql: Sql, user_id: str, query: np.ndarray, record_ids: list[str], k: int
+    ) -> list[tuple[str, float]]:
+        """The k of the given records nearest the query: read in the caller's transaction, not from the
+        held matrix, which follows only what has committed."""
+        ids, matrix = self.vectors(sql, user_id, record_ids)
+        if not ids:
+            return []
+        scores = matrix @ query
+        return [(ids[i], float(scores[i])) for i in np.argsort(-scores, kind="stable")[:k]]
+
     def close(self) -> None:
         if self.concurrent:
             self.db.close()

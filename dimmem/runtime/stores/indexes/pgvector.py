@@ -71,5 +71,18 @@ class PgVectors:
             return [], np.zeros((0, 0), dtype=np.float32)
         return [r["record_id"] for r in rows], np.stack([r["embedding"].to_numpy() for r in rows])
 
+    def closest(
+        self, sql: Sql, user_id: str, query: np.ndarray, record_ids: list[str], k: int
+    ) -> list[tuple[str, float]]:
+        """The k of the given records nearest the query, scored in the database: the vectors are unit
+        length, so the inner product (`<#>`, its negative) is the cosine, and no row leaves but k scores."""
+        q = _vector(query)
+        rows = sql.rows(
+            "SELECT record_id, -(embedding <#> ?::vector) AS score FROM record_vectors "
+            "WHERE {user} AND record_id = ANY(?::text[]) ORDER BY embedding <#> ?::vector, record_id LIMIT ?",
+            (q, user_id, record_ids, q, k),
+        )
+        return [(r["record_id"], float(r["score"])) for r in rows]
+
     def close(self) -> None:
         pass
