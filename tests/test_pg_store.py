@@ -527,6 +527,31 @@ def test_the_connection_pool_is_sized_by_the_memory_config(url):
         MemoryConfig(store=url, pool={"min": 4, "max": 2})
 
 
+def test_pooled_connections_the_server_dropped_are_replaced_unseen(url):
+    """A pooled connection the server ended while it sat idle (a restart, an idle timeout, an operator's
+    pg_terminate_backend) is never handed out: every call after it answers, none sees the dead one."""
+    store = PostgresStore(url, tenant="acme", pool_min=3, pool_max=3)
+    try:
+        fill(store)
+        held = [store.dialect.pool.getconn() for _ in range(3)]  # three idle connections, all in use once
+        pids = [conn.info.backend_pid for conn in held]
+        for conn in held:
+            store.dialect.pool.putconn(conn)
+        with psycopg.connect(url, autocommit=True) as admin:
+            assert admin.execute("SELECT count(pg_terminate_backend(p)) FROM unnest(%s::int[]) p", (pids,))
+            while admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+            ).fetchone()[0]:
+                time.sleep(0.05)
+        for _ in range(6):  # more calls than the pool has connections: each would get a dead one
+            assert store.get("ann", "r2")["content"] and store.lookup.closest("ann", unit(3), ["r2"], 1)
+        with store.transaction():
+            store.set_status("ann", "r2", "deleted", "DELETE")
+        assert store.get("ann", "r2")["status"] == "deleted"
+    finally:
+        store.close()
+
+
 def test_upgrade_numbers_every_tenants_records_and_moves_their_vectors(url, monkeypatch):
     """A database at schema 2 (tsvector BM25, embeddings in `records`) with records of two tenants
     upgrades in place: the migrations stamp every tenant's records and move the active ones' vectors to
