@@ -13,7 +13,6 @@ A conversation is flagged when a tenth of its turns are shared, or when four fif
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -23,7 +22,7 @@ from pathlib import Path
 from data_gen.jobs_index import JOBS
 from data_gen.paper_dataset import load_rows, read_windows
 from dimmem.contract.conversation import Conversation, Turn
-from dimmem.contract.windows import window_from_record
+from dimmem.contract.windows import job_windows
 
 NGRAM = 5
 NEAR_SHARE = 0.5  # of a turn's 5-grams found in training turns
@@ -76,9 +75,7 @@ def train_conversations(source: str) -> dict[str, list[Turn]]:
     turns: dict[str, dict[str, Turn]] = {}
     jobs = Path(source) / JOBS
     if jobs.is_file():
-        with open(jobs, encoding="utf-8") as handle:
-            rows = (row for row in map(json.loads, handle) if row.get("window"))
-            windows = [window_from_record(row["conversation_id"], row["window"]) for row in rows]
+        windows = [window for _, window in job_windows(jobs)]
         for w in sorted(windows, key=lambda w: (w.conversation_id, w.index)):  # jobs come in any order
             turns.setdefault(w.conversation_id, {}).update((t.id, t) for t in w.turns)
     else:

@@ -38,7 +38,7 @@ from dimmem.contract.paper_format import (
 )
 from dimmem.contract.prompts import extract_messages, load_prompt
 from dimmem.contract.validate import validate
-from dimmem.contract.windows import Window, window_from_record
+from dimmem.contract.windows import Window, job_windows
 
 _VARIANT = re.compile(r"_v\d+$")
 _LOCOMO_TEMPLATE = re.compile(r"conv-?(\d+)", re.IGNORECASE)
@@ -306,45 +306,42 @@ def export_paper(folder: Path, out: Path, format_name: str) -> dict:
     counts = Counter()
     handles: dict[str, object] = {}
     try:
-        with open(path, encoding="utf-8") as jobs:
-            for line in jobs:
-                row = json.loads(line)
-                if row["task"] != "extract" or row["status"] == "quarantined" or not row.get("window"):
-                    continue
-                if "session_offset" not in row["window"]:
-                    raise ValueError(
-                        f"{path}: written before windows recorded where they start in their session, "
-                        "which their timestamps need: re-run its datagen command (answers come from its "
-                        "cache, nothing is paid again)"
-                    )
-                window = window_from_record(row["conversation_id"], row["window"])
-                if not fmt.citable(window):
-                    counts["windows_showing_no_new_message"] += 1
-                    continue
-                answer, lost = fmt.from_contract(row["value"], window)
-                counts["rows"] += 1
-                counts["memories"] += len(answer["memories"])
-                counts["memories_citing_no_shown_message"] += lost
-                shown = set(dict(fmt.lines(window)))
-                counts["source_turns_dropped"] += sum(
-                    max(len([t for t in m["source_turns"] if t in shown]) - 1, 0)
-                    for m in row["value"]["memories"]
+        for row, window in job_windows(path):
+            if row["task"] != "extract" or row["status"] == "quarantined":
+                continue
+            if "session_offset" not in row["window"]:
+                raise ValueError(
+                    f"{path}: written before windows recorded where they start in their session, "
+                    "which their timestamps need: re-run its datagen command (answers come from its "
+                    "cache, nothing is paid again)"
                 )
-                split = row.get("split") or "train"
-                if split not in handles:
-                    handles[split] = open(out / f"{split}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-                paper_row = {
-                    "messages": [
-                        *fmt.messages(window),
-                        {"role": "assistant", "content": fmt.answer_text(answer)},
-                    ],
-                    "metadata": {
-                        "conv_name": window.conversation_id,
-                        "window": window.index,
-                        "n_memories": len(answer["memories"]),
-                    },
-                }
-                handles[split].write(json.dumps(paper_row, ensure_ascii=False) + "\n")
+            if not fmt.citable(window):
+                counts["windows_showing_no_new_message"] += 1
+                continue
+            answer, lost = fmt.from_contract(row["value"], window)
+            counts["rows"] += 1
+            counts["memories"] += len(answer["memories"])
+            counts["memories_citing_no_shown_message"] += lost
+            shown = set(dict(fmt.lines(window)))
+            counts["source_turns_dropped"] += sum(
+                max(len([t for t in m["source_turns"] if t in shown]) - 1, 0)
+                for m in row["value"]["memories"]
+            )
+            split = row.get("split") or "train"
+            if split not in handles:
+                handles[split] = open(out / f"{split}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+            paper_row = {
+                "messages": [
+                    *fmt.messages(window),
+                    {"role": "assistant", "content": fmt.answer_text(answer)},
+                ],
+                "metadata": {
+                    "conv_name": window.conversation_id,
+                    "window": window.index,
+                    "n_memories": len(answer["memories"]),
+                },
+            }
+            handles[split].write(json.dumps(paper_row, ensure_ascii=False) + "\n")
     finally:
         for handle in handles.values():
             handle.close()

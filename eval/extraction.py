@@ -26,7 +26,7 @@ from tqdm import tqdm
 from dimmem.cache import Completion, ResponseCache, digest
 from dimmem.contract.formats import ExtractFormat, extract_format
 from dimmem.contract.validate import TurnScope
-from dimmem.contract.windows import Window, window_from_record
+from dimmem.contract.windows import Window, job_windows
 from dimmem.llm import FatalModelError, ModelClient, ModelError, UnreachableError
 from dimmem.paths import dataset_folder
 from eval.metrics import aggregate, score_window
@@ -250,12 +250,8 @@ def attach_windows(refs: list[Reference], spec: str) -> list[Reference]:
     path = folder / "jobs.jsonl"
     if not path.is_file():
         raise ValueError(f"--references {spec}: no {path}, which holds the windows' turns")
-    wanted, windows = {ref.window_id for ref in refs}, {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            row = json.loads(line)
-            if row["id"] in wanted and row.get("window"):
-                windows[row["id"]] = window_from_record(row["conversation_id"], row["window"])
+    wanted = {ref.window_id for ref in refs}
+    windows = {row["id"]: window for row, window in job_windows(path) if row["id"] in wanted}
     return [replace(ref, window=windows.get(ref.window_id)) for ref in refs]
 
 

@@ -1,5 +1,6 @@
 """Overlap-aware windowing: partition, overlap context, token budget, oversized turns."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -7,7 +8,7 @@ from conftest import make_conversation
 
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.prompts import extract_prompt_counter
-from dimmem.contract.windows import check_partition, make_windows
+from dimmem.contract.windows import check_partition, job_windows, make_windows, window_record
 
 
 def chars(window):
@@ -100,3 +101,18 @@ def test_all_locomo_conversations_with_the_real_tokenizer(locomo_path, qwen3_tok
         assert all(win.prompt_tokens <= budget and len(win.turns) <= w for win in windows)
         # spot-check that the recorded count is the real rendered prompt length
         assert windows[-1].prompt_tokens == count(windows[-1])
+
+
+def test_job_windows_reads_back_what_datagen_wrote_and_names_a_bad_line(tmp_path):
+    """jobs.jsonl's windows come back as written (jobs without one skipped); a torn or foreign line is a
+    ValueError naming the file and the line, not a bare JSON error."""
+    windows = make_windows(make_conversation(9), 4, 1)
+    rows = [{"id": w.id, "conversation_id": w.conversation_id, "window": window_record(w)} for w in windows]
+    path = tmp_path / "jobs.jsonl"
+    lines = [json.dumps(r) for r in rows[:2]] + [json.dumps({"id": "consolidate-1", "task": "consolidate"})]
+    path.write_text("\n".join([*lines, json.dumps(rows[2])]) + "\n")
+    assert [(row["id"], window) for row, window in job_windows(path)] == [(w.id, w) for w in windows[:3]]
+    for bad in ('{"id": "w9", "window": {"ind', "[1, 2]", '{"id": "w9", "window": {"index": 0}}'):
+        path.write_text("\n".join([*lines, bad]) + "\n")
+        with pytest.raises(ValueError, match="jobs.jsonl: line 4: not a datagen job"):
+            list(job_windows(path))

@@ -9,8 +9,10 @@ flagged `oversized`, never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.validate import TurnScope
@@ -83,6 +85,20 @@ def window_from_record(conversation_id: str, record: dict) -> Window:
     context, new = (tuple(Turn(**t) for t in record[part]) for part in ("context", "new"))
     offset = record.get("session_offset", 0)  # absent in outputs written before it was recorded
     return Window(conversation_id, record["index"], context, new, session_offset=offset)
+
+
+def job_windows(path: str | Path) -> Iterator[tuple[dict, Window]]:
+    """Each job of a datagen output's jobs.jsonl that shows a window, in file order: (its row, the window).
+    A line that is not a JSON object is a ValueError naming the file and the line."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                row = json.loads(line)
+                window = row.get("window") and window_from_record(row["conversation_id"], row["window"])
+            except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}: line {number}: not a datagen job: {exc!r}") from None
+            if window:
+                yield row, window
 
 
 def make_windows(
