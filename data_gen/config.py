@@ -16,6 +16,10 @@ class SourceConfig(Section):
     format: str  # a dimmem loader format, "hf_messages" (a saved or Hub dataset in messages form) or "toy"
     input: str | None = None
     split: str = "train"  # for hf_messages
+    include: list[str] | None = None  # only these conversations (null: all)
+    # conversations held out (a benchmark's): never windowed or labeled; the report checks the rest
+    # against them (`check-overlap`)
+    exclude: list[str] = []
     # toy world
     seed: int = 0
     conversations: int = Field(40, ge=1)
@@ -24,7 +28,9 @@ class SourceConfig(Section):
 
 
 class TeacherConfig(ModelConfig):
-    kind: Literal["openai", "oracle"] = "openai"  # oracle: ground truth of the toy world, no LLM
+    # oracle: the toy world's ground truth; annotations: the corpus's own annotations (LoCoMo's
+    # observations and events, data_gen/annotations.py); neither calls a model
+    kind: Literal["openai", "oracle", "annotations"] = "openai"
     model: str = "gpt-4.1"
     api_key_env: str | None = "OPENAI_API_KEY"
     max_tokens: int = Field(2048, ge=1)
@@ -43,6 +49,14 @@ class TaskConfig(Section):
     consolidate_candidates: int = Field(2, ge=1)  # earlier records each new record is paired with, at most
 
 
+class AugmentConfig(Section):
+    """Speaker-renamed copies of each conversation (data_gen/augment.py), split with their original."""
+
+    renamed_copies: int = Field(0, ge=0)
+    lookalike_share: float = Field(0.5, ge=0, le=1)  # of copies whose two names differ by one vowel
+    seed: int = 0
+
+
 class SplitConfig(Section):
     validation: float = Field(0.1, ge=0, lt=1)
     test: float = Field(0.1, ge=0, lt=1)
@@ -55,6 +69,7 @@ class DatagenConfig(Section):
     windows: WindowConfig = WindowConfig(window=25, overlap=5, max_tokens=4096, tokenizer="Qwen/Qwen3-4B")
     teacher: TeacherConfig = TeacherConfig()
     tasks: TaskConfig = TaskConfig()
+    augment: AugmentConfig = AugmentConfig()
     split: SplitConfig = SplitConfig()
     prices: dict[str, Price] = {}  # model name -> USD per million tokens
     limit: int | None = Field(None, ge=1)  # at most this many jobs per task (smoke runs)

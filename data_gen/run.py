@@ -11,6 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_gen import batch as batch_api
+from data_gen.augment import base_id
 from data_gen.batch import BatchClient
 from data_gen.config import DatagenConfig
 from data_gen.dataset import build_dataset, dataset_card, global_memories, quarantine_reasons, write_outputs
@@ -27,7 +28,36 @@ from dimmem.llm import ModelClient, Usage
 
 
 def load_source(cfg: DatagenConfig) -> tuple[list[Conversation], list | None]:
-    """Conversations, and the toy world when the source is generated."""
+    """Conversations (those held out left out, renamed copies added), and the toy world when the source
+    is generated."""
+    conversations, world = _load(cfg)
+    for key in ("include", "exclude"):
+        named = getattr(cfg.source, key) or []
+        if unknown := sorted(set(named) - {c.id for c in conversations}):
+            raise ConfigError(f"source.{key}: {unknown} not in the source (it holds {len(conversations)})")
+    if cfg.source.include is not None:
+        conversations = [c for c in conversations if c.id in cfg.source.include]
+    conversations = [c for c in conversations if c.id not in cfg.source.exclude]
+    if cfg.augment.renamed_copies:
+        from data_gen.augment import renamed_copies
+
+        a = cfg.augment
+        conversations += renamed_copies(conversations, a.renamed_copies, a.seed, a.lookalike_share)
+    return conversations, world
+
+
+def held_out(cfg: DatagenConfig, conversations: list[Conversation]) -> dict | None:
+    """The held-out conversations checked against what was labeled (`dimmem datagen check-overlap`)."""
+    if not cfg.source.exclude:
+        return None
+    from data_gen.overlap import as_json, check_overlap
+
+    excluded = [c for c in _load(cfg)[0] if c.id in cfg.source.exclude]
+    rows = check_overlap({c.id: c.turns for c in conversations}, excluded)
+    return as_json(rows, cfg.out, f"{cfg.source.format}:{cfg.source.input}")
+
+
+def _load(cfg: DatagenConfig) -> tuple[list[Conversation], list | None]:
     src = cfg.source
     if src.format == "toy":
         from dimmem.contract.toyworld import generate_world
@@ -56,8 +86,24 @@ def load_source(cfg: DatagenConfig) -> tuple[list[Conversation], list | None]:
     return load_conversations(src.format, src.input), None
 
 
-def make_teacher(cfg: DatagenConfig, world, cache: ResponseCache, http_client=None):
-    """The oracle (toy world), or the configured model through the one client, online or by batch."""
+def make_teacher(cfg: DatagenConfig, conversations, world, cache: ResponseCache, http_client=None):
+    """The oracle (toy world), the corpus's annotations, or the configured model through the one client,
+    online or by batch."""
+    if cfg.teacher.kind == "annotations":
+        from data_gen.annotations import AnnotationTeacher
+
+        if cfg.tasks.parse_query or cfg.tasks.consolidate:
+            raise ConfigError(
+                "the annotations teacher labels extraction only: set tasks.parse_query and "
+                "tasks.consolidate to false"
+            )
+        unannotated = [c.id for c in conversations if not c.metadata.get("observation")]
+        if unannotated:
+            raise ConfigError(
+                f"teacher.kind annotations: {', '.join(unannotated[:5])} carry no annotations "
+                "(LoCoMo's `observation`)"
+            )
+        return AnnotationTeacher(conversations)
     if cfg.teacher.kind == "oracle":
         if world is None:
             raise ConfigError("the oracle teacher labels only the toy world (source.format: toy)")
@@ -128,7 +174,7 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
 
         count_tokens = extract_prompt_counter(cfg.windows.tokenizer)
     cache, jobs_store = ResponseCache(out / "cache.sqlite"), JobStore(out / "cache.sqlite")
-    teacher = make_teacher(cfg, world, cache, http_client)
+    teacher = make_teacher(cfg, conversations, world, cache, http_client)
     labeler = Labeler(teacher, jobs_store, cfg.teacher, cfg.retry_quarantined)
     try:
         jobs: list[Job] = []
@@ -180,7 +226,13 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
         "batch": cfg.batch,
         "elapsed_s": round(time.monotonic() - started, 2),
     }
-    dataset = build_dataset(outcomes, teacher.model, cfg.split.validation, cfg.split.test, cfg.split.seed)
+    if hasattr(teacher, "coverage"):
+        report["coverage"] = teacher.coverage(outcomes)
+    if (check := held_out(cfg, conversations)) is not None:
+        report["held_out"] = check
+    dataset = build_dataset(
+        outcomes, teacher.model, cfg.split.validation, cfg.split.test, cfg.split.seed, group=base_id
+    )
     prompts = sorted({o.job.prompt.id for o in outcomes})
     card = dataset_card(
         dataset,

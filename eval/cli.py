@@ -46,7 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--benchmark", choices=["locomo", "toy"])
     p.add_argument("--input", help="locomo10.json")
-    p.add_argument("--memories", help="LoCoMo: turns | observations | a datagen labels.jsonl")
+    p.add_argument(
+        "--memories",
+        help="LoCoMo: turns | observations | a datagen labels.jsonl (or an extraction run's records.jsonl)",
+    )
+    p.add_argument("--conversations", type=str_list, help="LoCoMo: only these, e.g. conv-26,conv-30")
     p.add_argument("--k", type=int_list, help="comma-separated cut-offs (default 5,10,20)")
     p.add_argument("--store", help="LoCoMo: SQLite file or Postgres URL (default: in memory)")
     p.add_argument("--tokenizer", help="counts context tokens (default: the shared Qwen3 tokenizer)")
@@ -267,7 +271,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
         from eval.retrieval import format_table, run_locomo
 
         memory = Memory({"store": cfg.store, "retrieval": {"depth": max([*ks, 50])}})
-        result = run_locomo(cfg.input, cfg.memories, ks, memory, count_tokens)
+        result = run_locomo(cfg.input, cfg.memories, ks, memory, count_tokens, cfg.conversations)
         print(f"{result['questions']} questions, {result['records']} memories ({result['memories']})")
         print(format_table(result, ks))
     if cfg.out:

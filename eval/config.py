@@ -137,6 +137,7 @@ class RetrievalRun(Section):
     benchmark: Literal["locomo", "toy"] = "locomo"
     input: str | None = None  # locomo10.json (LoCoMo only)
     memories: str = "turns"  # LoCoMo: turns | observations | a datagen labels.jsonl
+    conversations: list[str] | None = None  # LoCoMo: only these (null: all)
     k: list[int] = [5, 10, 20]
     store: str = ":memory:"  # LoCoMo: where the memories are stored
     tokenizer: str | None = None  # counts context tokens; null: the Qwen3 tokenizer in the shared data
@@ -195,6 +196,7 @@ FLAGS = {
         "benchmark": "benchmark",
         "input": "input",
         "memories": "memories",
+        "conversations": "conversations",
         "k": "k",
         "store": "store",
         "tokenizer": "tokenizer",

@@ -10,9 +10,13 @@ verdict, pointers resolved). Those records are scored against the gold:
   precision over the distinct (speaker, turn) pairs the records cite;
 - facts, by content: observations and records of the same session aligned one-to-one (Hungarian, most
   total similarity among pairs at or above the threshold), by embedding cosine and by token F1, each
-  with and without the pointer agreeing (the record cites one of the observation's evidence turns);
-- events: the same alignment against `event_summary`, and again requiring the record's time to fall in
-  the days before the session date;
+  with and without the pointer agreeing (the record cites one of the observation's evidence turns). A
+  record must be about the observation's person: the participants its content names (its speaker when
+  it names none) include the person or an evidence turn's speaker, so a fact given to the wrong person
+  is a miss. `fact_any_speaker` aligns without that rule; `speaker_accuracy` is the share of its
+  matches that keep the right person;
+- events: the same alignment against `event_summary` (the person rule included), and again requiring
+  the record's time to fall in the days before the session date;
 - format: parse, schema-valid and valid rates, records per window, tokens per record, time-format and
   overlap-rule rates per memory.
 
@@ -24,6 +28,7 @@ LoCoMo did not annotate counts against it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from dimmem.contract.annotations import ConversationGold, conversation_gold
 from dimmem.contract.conversation import Conversation
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.timespan import overlaps, parse_span
@@ -42,19 +48,20 @@ from dimmem.contract.validate import parse_json
 from dimmem.contract.windows import Window
 from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor, WindowRecords, keep_valid
 from eval.extraction import Prediction, Reference, predict, require_predictions
-from eval.locomo_gold import MEASURES, ConversationGold, conversation_gold
+from eval.locomo_gold import MEASURES
 from eval.metrics import token_f1
 
 if TYPE_CHECKING:
     from dimmem.cache import ResponseCache
     from eval.config import ExtractionRun
 
-# the fact alignments: (name, measure, pointer must agree)
+# the fact alignments: (name, measure, pointer must agree); all but `fact_any_speaker` need the right person
 FACT_VARIANTS = (
     ("fact", "cosine", False),
     ("fact_pointer", "cosine", True),
     ("fact_lexical", "token_f1", False),
     ("fact_lexical_pointer", "token_f1", True),
+    ("fact_any_speaker", "cosine", False),
 )
 # ratio metrics: name -> (numerator count, denominator count)
 RATIOS = {
@@ -65,6 +72,7 @@ RATIOS = {
         for name, _, _ in FACT_VARIANTS
         for kind, denominator in (("recall", "observations"), ("precision", "records"))
     },
+    "speaker_accuracy": ("fact_any_speaker_right_person", "fact_any_speaker_matched"),
     "event_recall": ("event_matched", "events"),
     "event_time_recall": ("event_time_matched", "events"),
 }
@@ -154,12 +162,14 @@ def score_conversation(
         count[session_of[turn]]["pointer_found"] += any((s, turn) in cited for s in speakers)
 
     record_vectors = vectors([r["content"] for r in records]) if records else None
+    about = [persons(r, conv.speakers) for r in records]
     for kind, items in (("observations", gold.observations), ("events", gold.events)):
         for g in items:
             count[g.session][kind] += 1
         if not items or not records:
             continue
         eligible = np.array([[g.session in sessions for sessions in record_sessions] for g in items])
+        right_person = np.array([[bool(g.speakers & who) for who in about] for g in items])
         similarity = {
             "cosine": vectors([g.content for g in items]) @ record_vectors.T,
             "token_f1": np.array(
@@ -173,18 +183,37 @@ def score_conversation(
             cites = np.array(
                 [[bool(set(g.evidence) & set(r["source_turns"])) for r in records] for g in items]
             )
-            variants = [(n, m, eligible & cites if p else eligible) for n, m, p in FACT_VARIANTS]
+            variants = [
+                (
+                    n,
+                    m,
+                    (eligible & cites if p else eligible)
+                    & (right_person if n != "fact_any_speaker" else True),
+                )
+                for n, m, p in FACT_VARIANTS
+            ]
         else:
             in_time = np.array(
                 [[_in_days_before(r.get("time"), g.date, event_days) for r in records] for g in items]
             )
-            variants = [("event", "cosine", eligible), ("event_time", "cosine", eligible & in_time)]
+            variants = [
+                ("event", "cosine", eligible & right_person),
+                ("event_time", "cosine", eligible & right_person & in_time),
+            ]
         for name, measure, mask in variants:
             pairs = _align(similarity[measure], mask, thresholds[measure])
             score.matches[name] = {items[i].id: (records[j]["id"], s) for i, j, s in pairs}
-            for i, _, _ in pairs:
+            for i, j, _ in pairs:
                 count[items[i].session][f"{name}_matched"] += 1
+                if name == "fact_any_speaker":
+                    count[items[i].session]["fact_any_speaker_right_person"] += bool(right_person[i, j])
     return score
+
+
+def persons(record: dict, participants: list[str]) -> set[str]:
+    """Whom a record is about: the participants its content names (whole words), else its speaker."""
+    named = {p for p in participants if re.search(rf"\b{re.escape(p)}\b", record["content"])}
+    return named or {record["speaker"]}
 
 
 def ratios(totals: Counter | dict) -> dict[str, float | None]:
@@ -432,7 +461,8 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
 
 def _write_windows(out: Path, scored: list[ScoredWindow], golds: dict, scores: dict) -> None:
     """windows.jsonl (one window's turns, gold observations and kept records, with the content matches
-    of the `fact` alignment: what the inspector shows side by side) and predictions.jsonl (re-scorable)."""
+    of the `fact` alignment: what the inspector shows side by side), predictions.jsonl (re-scorable) and
+    records.jsonl (the kept records in datagen's labels layout: `dimmem eval retrieval --memories`)."""
     home: dict[str, str] = {}  # observation -> the window whose new part holds its first evidence turn
     for s in scored:
         new = {t.id for t in s.window.new}
@@ -442,8 +472,21 @@ def _write_windows(out: Path, scored: list[ScoredWindow], golds: dict, scores: d
     with (
         open(out / "windows.jsonl", "w", encoding="utf-8") as rows,
         open(out / "predictions.jsonl", "w", encoding="utf-8") as preds,
+        open(out / "records.jsonl", "w", encoding="utf-8") as kept,
     ):
         for s in scored:
+            kept.write(
+                json.dumps(
+                    {
+                        "task": "extract",
+                        "window_id": s.window.id,
+                        "conversation_id": s.window.conversation_id,
+                        "memories": s.kept.records,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             w = s.window
             matches = scores[w.conversation_id].matches.get("fact", {})
             by_record = {rid: (gid, sim) for gid, (rid, sim) in matches.items()}

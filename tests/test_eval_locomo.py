@@ -4,15 +4,17 @@ hand-made prediction files on two real conversations, the threshold fit, and wha
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
+from dimmem.contract.annotations import conversation_gold
 from dimmem.contract.loaders.locomo import load_locomo
 from dimmem.contract.records import memory_record
 from dimmem.contract.windows import window_conversations
 from eval.cli import main as eval_main
-from eval.locomo_gold import best_f1_threshold, calibrate, conversation_gold, fit_thresholds
+from eval.locomo_gold import best_f1_threshold, calibrate, fit_thresholds
 
 TWO = ["conv-26", "conv-30"]
 FIXED = ["--set", "locomo.thresholds.cosine=0.95", "--set", "locomo.thresholds.token_f1=0.95"]
@@ -54,7 +56,7 @@ def perfect_observations(conversations, windows) -> dict[str, list[dict]]:
     return answers
 
 
-def run(tmp_path, answers: dict[str, list[dict]]) -> dict:
+def run(tmp_path, answers: dict[str, list[dict]], thresholds: list[str] = FIXED) -> dict:
     path = tmp_path / "answers.jsonl"
     path.write_text(
         "".join(
@@ -64,7 +66,7 @@ def run(tmp_path, answers: dict[str, list[dict]]) -> dict:
     )
     out = tmp_path / "run"
     args = ["extraction", "--benchmark", "locomo", "--conversations", ",".join(TWO)]
-    assert eval_main([*args, "--predictions", str(path), "--out", str(out), *FIXED]) == 0
+    assert eval_main([*args, "--predictions", str(path), "--out", str(out), *thresholds]) == 0
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -112,6 +114,45 @@ def test_wrong_turn_loses_pointer_credit_keeps_content(tmp_path, windows):
 
     assert unmatched(tmp_path / "run", 30, 0) == []  # content matched: the moved record still states it
     assert unmatched_main([str(tmp_path / "answers.jsonl")]) == 2  # not a run folder: one line, exit 2
+
+
+def test_a_fact_given_to_the_other_person_is_a_miss(tmp_path, windows):
+    """The two participants' names swapped inside every record (speakers still the cited turns'): the
+    contents stay as close, the persons are wrong. Facts and events count them as misses; the alignment
+    without the person rule still matches them, and speaker accuracy says how many went to the wrong one."""
+    conversations, wins = windows
+    swaps = {c.id: dict(zip(c.speakers, reversed(c.speakers))) for c in conversations}
+    answers = perfect_observations(conversations, wins)
+    for w in wins:
+        swap = swaps[w.conversation_id]
+        pattern = re.compile(r"\b(" + "|".join(swap) + r")\b")
+        for memory in answers[w.id]:
+            memory["content"] = pattern.sub(lambda m, s=swap: s[m.group(1)], memory["content"])
+    m = run(
+        tmp_path,
+        answers,
+        ["--set", "locomo.thresholds.cosine=0.6", "--set", "locomo.thresholds.token_f1=0.5"],
+    )
+    # observations that name both participants keep their person after the swap; every other is a miss
+    both = sum(
+        all(re.search(rf"\b{n}\b", g.content) for n in c.speakers)
+        for c in conversations
+        for g in conversation_gold(c).observations
+    )
+    assert m["fact_any_speaker_recall"] > 0.95
+    assert m["fact_recall"] <= (both + 10) / 353 < 0.25
+    assert m["speaker_accuracy"] < 0.25
+    assert m["fact_recall"] < m["fact_any_speaker_recall"] - 0.7
+
+
+def test_persons_tell_look_alike_names_apart():
+    from eval.extraction_locomo import persons
+
+    people = ["Mara", "Mira"]
+    assert persons({"content": "Mira adopted a cat.", "speaker": "Mara"}, people) == {"Mira"}
+    assert persons({"content": "Mara's cat is named Miso.", "speaker": "Mira"}, people) == {"Mara"}
+    assert persons({"content": "Adopted a cat named Mirabel.", "speaker": "Mara"}, people) == {"Mara"}
+    assert persons({"content": "Mara and Mira went hiking.", "speaker": "Mira"}, people) == {"Mara", "Mira"}
 
 
 def test_empty_answers_recall_nothing_and_compare_side_by_side(tmp_path, windows, capsys):

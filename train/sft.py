@@ -181,7 +181,14 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
         callbacks=callbacks,
         answer_only_logits=dimmem_args.answer_only_logits,
     )
-    resume = True if dimmem_args.resume == "latest" else dimmem_args.resume
+    resume = dimmem_args.resume
+    if resume == "latest":  # the newest checkpoint of output_dir, or a fresh start when it has none
+        from transformers.trainer_utils import get_last_checkpoint
+
+        out_dir = Path(sft_args.output_dir)
+        resume = get_last_checkpoint(str(out_dir)) if out_dir.is_dir() else None
+        if resume:
+            print(f"resuming from {resume}")
     trainer.train(resume_from_checkpoint=resume)
     out = Path(sft_args.output_dir)
     trainer.save_model(str(out))
