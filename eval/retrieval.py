@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from dimmem.contract.annotations import conversation_gold
 from dimmem.contract.conversation import Conversation
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.records import memory_record
@@ -59,29 +60,24 @@ def turn_records(conv: Conversation) -> list[dict]:
 
 
 def observation_records(conv: Conversation) -> list[dict]:
-    """LoCoMo's per-session observations, with their dia_id pointers and the session's date."""
+    """LoCoMo's per-session observations (`dimmem.contract.annotations`: their ids, evidence turns and
+    person) with the session's date, as the runtime stores them."""
     dates = {sid: time for sid, time, _ in conv.sessions}
-    records = []
-    for key, by_speaker in sorted(conv.metadata.get("observation", {}).items()):
-        session = "S" + re.search(r"\d+", key).group(0)
-        for speaker, items in by_speaker.items():
-            for i, (text, pointer) in enumerate(items):
-                turns = [pointer] if isinstance(pointer, str) else list(pointer)
-                records.append(
-                    {
-                        "id": f"{key}/{speaker}/{i}",
-                        **memory_record(
-                            source_turns=turns,
-                            speaker=speaker,
-                            content=text,
-                            type="fact",
-                            time=(dates.get(session) or "")[:10] or None,
-                            keywords=(content_words(text) or [speaker])[:12],
-                        ),
-                        "conversation_id": conv.id,
-                    }
-                )
-    return records
+    return [
+        {
+            "id": g.id,
+            **memory_record(
+                source_turns=list(g.evidence),
+                speaker=g.person,
+                content=g.content,
+                type="fact",
+                time=(dates.get(g.session) or "")[:10] or None,
+                keywords=(content_words(g.content) or [g.person])[:12],
+            ),
+            "conversation_id": conv.id,
+        }
+        for g in conversation_gold(conv).observations
+    ]
 
 
 def context_line(record: dict) -> str:
@@ -187,9 +183,16 @@ def run_locomo(
     ks: list[int],
     memory: Memory,
     count_tokens: Callable[[str], int],
+    only: list[str] | None = None,
     categories=(1, 2, 3, 4),
+    consolidate: bool = False,
 ) -> dict:
+    """`consolidate`: the memories go through the runtime's update path (else stored as given)."""
     conversations = load_conversations("locomo", input_path)
+    if only is not None:
+        if unknown := sorted(set(only) - {c.id for c in conversations}):
+            raise ValueError(f"conversations {unknown} not in {input_path}")
+        conversations = [c for c in conversations if c.id in only]
     labels = label_memories(memories) if memories not in ("turns", "observations") else None
     totals: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in (*RANKINGS, *FITTED)}
     per_category: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -205,7 +208,7 @@ def run_locomo(
         )
         if not records:
             continue
-        memory.add_records(records, user_id=conv.id, conversation=conv, consolidate=False)
+        memory.add_records(records, user_id=conv.id, conversation=conv, consolidate=consolidate)
         stored = memory.store.records(conv.id)
         sources = {r["id"]: r["source_turns"] for r in stored}
         tokens = ContextTokens(stored, count_tokens)

@@ -15,7 +15,8 @@ MAX_RECORD_ID = 512  # a conversation id (<= 200) + "/<window id>#m<n>", with ro
 UserId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 MemoryType = Literal[MEMORY_TYPES]  # type: ignore[valid-type]
 Status = Literal["active", "superseded", "merged", "deleted"]
-Action = Literal["ADD", "KEEP_BOTH", "MERGE", "SUPERSEDE", "UNCHANGED"]
+# HISTORY: stored as the history of a later record (superseded by it: dimmem.runtime.update)
+Action = Literal["ADD", "KEEP_BOTH", "MERGE", "SUPERSEDE", "HISTORY", "UNCHANGED"]
 
 
 # --- requests -------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import pytest
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.records import memory_record
-from dimmem.runtime.consolidate import consolidate_rules
-from dimmem.runtime.memory import Memory
+from dimmem.runtime.consolidate import RuleConsolidator
+from dimmem.runtime.memory import Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules
 from dimmem.runtime.stores import open_store, transfer
 from dimmem.runtime.stores.schema import migrations
@@ -64,6 +64,17 @@ def embedder():
 @pytest.fixture
 def memory(embedder, memory_factory):
     return memory_factory(embedder=embedder)
+
+
+LOOSE = {"restate_similarity": 0.6}  # these short texts' rewordings count as restatements
+RULES = RuleConsolidator(**LOOSE, restate_overlap=0.7)
+
+
+@pytest.fixture
+def loose(embedder, memory_factory):
+    """The rules merging from cosine 0.6, where these short texts' rewordings meet (the default, 0.88,
+    merges near restatements only): what the decisions and their writes do, not when they happen."""
+    return memory_factory({"update": LOOSE}, store="loose", embedder=embedder)
 
 
 def test_users_never_see_each_other(memory):
@@ -124,15 +135,25 @@ def test_each_path_finds_its_own_evidence(memory):
     assert by_type[0].record["id"] == "jazz" and by_type[0].paths["dimension"]["rank"] == 1
 
 
-def test_supersede_keeps_history_and_hides_the_old_version(memory):
-    old = rec(id="home-1", type="fact", content="Ann lives in Denver.", keywords=["Ann", "home", "Denver"])
+def test_supersede_keeps_history_and_hides_the_old_version(loose):
+    memory = loose
+    old = rec(
+        id="home-1",
+        type="fact",
+        content="Ann lives in Denver.",
+        location="Denver",
+        keywords=["Ann", "home", "Denver"],
+        session_time="2023-05-02T10:00",
+    )
     new = rec(
         id="home-2",
         type="fact",
         content="Ann moved to Austin and lives in Austin now.",
         time="2023-06",
+        location="Austin",
         keywords=["Ann", "home", "Austin"],
         source_turns=["D3:2"],
+        session_time="2023-06-20T10:00",
     )
     memory.add_records([old], user_id="ann")
     [event] = memory.add_records([new], user_id="ann")
@@ -142,6 +163,35 @@ def test_supersede_keeps_history_and_hides_the_old_version(memory):
     history = memory.history("home-1", user_id="ann")
     assert [h["action"] for h in history] == ["ADD", "SUPERSEDED_BY home-2"]
     assert history[0]["record"]["content"] == "Ann lives in Denver."
+
+
+def test_time_decides_and_a_wrong_decision_is_undone(memory):
+    """A move told in a later session supersedes the earlier home whatever the arrival order: the older
+    record arriving last becomes history (HISTORY). Nothing is lost: the history says what replaced
+    what, and restore brings a superseded record back beside the one that replaced it."""
+    early = rec(
+        id="home-1",
+        type="fact",
+        content="Ann lives in Denver.",
+        location="Denver",
+        keywords=["Ann", "home", "Denver"],
+        session_time="2023-05-02T10:00",
+    )
+    late = {**early, "id": "home-2", "content": "Ann lives in Austin now.", "location": "Austin"}
+    late |= {"keywords": ["Ann", "home", "Austin"], "session_time": "2023-06-20T10:00"}
+    assert memory.add_records([late], user_id="ann")[0]["action"] == "KEEP_BOTH"
+    assert memory.add_records([early], user_id="ann") == [
+        {"id": "home-1", "action": "HISTORY", "target": "home-2"}
+    ]
+    assert [r["id"] for r in memory.get_all(user_id="ann").memories] == ["home-2"]
+    assert [h["action"] for h in memory.history("home-1", user_id="ann")] == ["ADD", "SUPERSEDED_BY home-2"]
+    restored = memory.restore("home-1", user_id="ann")  # the undo: both are active again
+    assert restored["status"] == "active"
+    assert sorted(r["id"] for r in memory.get_all(user_id="ann").memories) == ["home-1", "home-2"]
+    assert memory.history("home-1", user_id="ann")[-1]["action"] == "RESTORE"
+    assert "home-1" in [h.record["id"] for h in memory.search("Where does Ann live?", user_id="ann").hits]
+    with pytest.raises(RecordStateError, match="only deleted, superseded or merged records"):
+        memory.restore("home-1", user_id="ann")
 
 
 def _count_blocks(memory, monkeypatch) -> list[bool]:
@@ -164,14 +214,21 @@ def _count_blocks(memory, monkeypatch) -> list[bool]:
 
 
 def test_the_rules_decide_inside_the_records_write_block_a_model_outside_it(
-    memory, embedder, memory_factory, monkeypatch
+    loose, embedder, memory_factory, monkeypatch
 ):
-    """A record consolidated by the rules costs one transaction (lookup, decision and write together);
-    a model's decision is taken between a read block and a write block that re-checks its target, and a
-    rules merge leaves its block to embed the merged text, then writes as a model's decision does."""
-    old = rec(id="home-1", type="fact", content="Ann lives in Denver.", keywords=["Ann", "home", "Denver"])
+    """Records consolidated by the rules cost one transaction a batch (lookups, decisions and writes
+    together, a merge's text embedded inside it); a model's decision is taken between a read block and a
+    write block that re-checks its target."""
+    memory = loose
+    old = rec(
+        id="home-1", type="fact", content="Ann lives in Denver.", location="Denver", keywords=["Ann", "home"]
+    )
     new = rec(
-        id="home-2", type="fact", content="Ann lives in Austin now.", keywords=["Ann", "home", "Austin"]
+        id="home-2",
+        type="fact",
+        content="Ann lives in Austin now.",
+        location="Austin",
+        keywords=["Ann", "home"],
     )
     memory.add_records([old], user_id="ann")
     blocks = _count_blocks(memory, monkeypatch)
@@ -185,14 +242,22 @@ def test_the_rules_decide_inside_the_records_write_block_a_model_outside_it(
     memory.add_records([trip], user_id="ann")
     assert blocks == [True]
     assert memory.add_records([again], user_id="ann")[0]["action"] == "MERGE"
-    assert blocks == [True, True, True]  # decided (nothing written), then the merge written
+    assert blocks == [True, True]
+    blocks.clear()
+    rows = [
+        {**trip, "id": f"book-{n}", "content": f"Ann read book {n}.", "keywords": ["Ann", f"book {n}"]}
+        for n in range(3, 9)
+    ]
+    assert {e["action"] for e in memory.add_records(rows, user_id="ann")} == {"KEEP_BOTH"}
+    assert blocks == [True]  # six records, one transaction
     assert memory.get("trip-1", user_id="ann")["content"] == again["content"]
 
     asked = []
     model = memory_factory(
+        {"update": LOOSE},
         store="b",
         embedder=embedder,
-        consolidator=lambda new, old, sim: asked.append(new["id"]) or consolidate_rules(new, old, sim),
+        consolidator=lambda new, old, sim: asked.append(new["id"]) or RULES(new, old, sim),
     )
     model.add_records([old], user_id="ann")
     blocks = _count_blocks(model, monkeypatch)
@@ -200,7 +265,8 @@ def test_the_rules_decide_inside_the_records_write_block_a_model_outside_it(
     assert blocks == [False, True]
 
 
-def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory, embedder, memory_factory):
+def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(loose, embedder, memory_factory):
+    memory = loose
     first = rec(
         id="trip-1",
         content="Ann went camping at the lake.",
@@ -219,13 +285,14 @@ def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(memory
         {"id": "trip-2", "action": "MERGE", "target": "trip-1"}
     ]
     kept = memory.get("trip-1", user_id="ann")
-    assert kept["content"] == again["content"] and kept["keywords"] == ["Ann", "camping", "lake", "kids"]
+    assert kept["content"] == again["content"] and kept["keywords"] == ["Ann", "camping", "kids", "lake"]
     assert (
         kept["source_turns"] == ["D1:1", "D4:2"] and memory.get("trip-2", user_id="ann")["status"] == "merged"
     )
     assert [h["action"] for h in memory.history("trip-1", user_id="ann")] == ["ADD", "MERGE trip-2"]
 
     broken = memory_factory(
+        {"update": LOOSE},
         store="b",
         embedder=embedder,
         consolidator=lambda new, old, sim: {"action": "MERGE", "memory": {**new, "time": "someday"}},

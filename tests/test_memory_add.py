@@ -16,7 +16,7 @@ from devtools.fake_teacher import FakeTeacher
 from dimmem.contract.records import memory_record
 from dimmem.contract.toyworld import generate_dialogue
 from dimmem.llm import FatalModelError, ModelClient, ModelConfig, ModelError
-from dimmem.runtime.consolidate import ModelConsolidator
+from dimmem.runtime.consolidate import ModelConsolidator, RuleConsolidator
 from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import ModelQueryParser
@@ -143,8 +143,12 @@ def test_model_parser_and_consolidator_fall_back_to_rules_when_the_endpoint_is_d
         keywords=["Ann", "home"],
     )
     old = {**new, "source_turns": ["D1:1"], "content": "Ann lives in Lisbon.", "location": "Lisbon"}
-    assert ModelConsolidator(down())(new, old, 0.9)["action"] == "SUPERSEDE"  # the rule for facts
-    assert ModelConsolidator(served(FakeTeacher()))(new, old, 0.9) == {"action": "KEEP_BOTH", "memory": None}
+    rules = RuleConsolidator(0.88, 0.7)
+    assert ModelConsolidator(down(), rules)(new, old, 0.7)["action"] == "SUPERSEDE"  # a fact that moved
+    assert ModelConsolidator(served(FakeTeacher()), rules)(new, old, 0.7) == {
+        "action": "KEEP_BOTH",
+        "memory": None,
+    }
 
 
 def test_replay_of_toy_labels_stores_the_teachers_records(embedder, tmp_path, memory_factory):
@@ -278,7 +282,7 @@ def test_memory_config_builds_the_runtime_and_names_what_is_missing(tmp_path):
     served_memory = Memory.from_config(config, store=":memory:")
     # one client for the model tasks: one rate limit, one usage count
     assert served_memory.extractor.client is served_memory.query_parser.client
-    assert served_memory.consolidator.__name__ == "consolidate_rules"
+    assert type(served_memory.consolidator).__name__ == "RuleConsolidator"
 
 
 def test_shipped_memory_configs_load():

@@ -474,7 +474,8 @@ def test_both_backends_keep_one_store_contract(url, tmp_path):
             store.revise("ann", "r4", {"content": "x"}, unit(1), "UPDATE")
         with pytest.raises(ValueError, match="expected superseded, merged or deleted"):
             store.set_status("ann", "r1", "active", "UNDELETE")
-        with pytest.raises(RecordStateError, match="only deleted records can be restored") as refused:
+        refusal = "only deleted, superseded or merged records can be restored"
+        with pytest.raises(RecordStateError, match=refusal) as refused:
             store.restore("ann", "r1", unit(1))
         assert (refused.value.status, refused.value.operation) == ("active", "restored")
         assert store.restore("ann", "r4", unit(77)) == 3 and store.get("ann", "r4")["status"] == "active"

@@ -204,3 +204,80 @@ def test_random_operation_sequences_keep_the_store_equal_to_the_model(embedder, 
         assert memory.store.dialect.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         memory.store.close()
+
+
+# --- the update path: time decides, not arrival -------------------------------------------------------
+CITIES = ("Denver", "Austin", "Oslo", "Lisbon")
+SAID = (  # what is said again, word for word: one record whoever says it first
+    ("Ann works as a nurse at the city hospital.", ["Ann", "nurse", "hospital"]),
+    ("Ann adopted a beagle called Biscuit.", ["Ann", "beagle", "Biscuit"]),
+)
+ONCE = (  # said once each
+    ("Ann loves jazz and listens every evening.", ["Ann", "jazz"]),
+    ("Ann went hiking at Eagle Peak with the dog.", ["Ann", "hiking", "Eagle Peak"]),
+)
+
+
+def conversation_records():
+    """A user's records told over sessions: where Ann lives (each a later move), facts said again in later
+    sessions, facts said once. Ids are drawn at random, so they say nothing of the order."""
+
+    def build(moves, repeats, once, days, ids):
+        rows = []
+        for city in moves:
+            rows.append(("fact", f"Ann lives in {city}.", ["Ann", "home", city], city))
+        for n in repeats:
+            rows.append(("profile", *SAID[n], None))
+        rows += [("profile", *ONCE[n], None) for n in once]
+        out = []
+        for (kind, content, keywords, place), day, rid in zip(rows, days, ids):
+            out.append(
+                {
+                    "id": f"r{rid}",
+                    **memory_record(
+                        source_turns=[f"D{day}:1"],
+                        speaker="Ann",
+                        content=content,
+                        type=kind,
+                        location=place,
+                        keywords=keywords,
+                    ),
+                    "session_time": f"2023-06-{day:02d}T10:00",
+                }
+            )
+        return out
+
+    return st.builds(
+        build,
+        st.lists(st.sampled_from(CITIES), min_size=1, max_size=4, unique=True),
+        st.lists(st.integers(0, len(SAID) - 1), max_size=4),
+        st.lists(st.integers(0, len(ONCE) - 1), max_size=2, unique=True),
+        st.lists(st.integers(1, 28), min_size=10, max_size=10, unique=True),
+        st.lists(st.integers(0, 999), min_size=10, max_size=10, unique=True),
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=conversation_records(), order=st.randoms(use_true_random=False))
+def test_the_same_records_in_any_order_leave_the_same_active_records(embedder, tmp_path_factory, rows, order):
+    """Added in their sessions' order and in a shuffled one, the same records leave the same active
+    records: the last place Ann lives in (every earlier one superseded or history of a later one), each
+    repeated fact once (the first telling), each fact said once."""
+    shuffled = list(rows)
+    order.shuffle(shuffled)
+    by_time = sorted(rows, key=lambda r: r["session_time"])
+    active = []
+    for arrival in (by_time, shuffled):
+        memory = Memory({"store": str(tmp_path_factory.mktemp("order") / "m.sqlite")}, embedder=embedder)
+        try:
+            memory.add_records(arrival, user_id="ann")
+            active.append({r["id"]: r["content"] for r in memory.store.records("ann")})
+            events = memory.get_all(user_id="ann", filters={"status": "any"}, limit=100).memories
+            assert len(events) == len(rows)  # nothing lost: every record stored, most recent or history
+        finally:
+            memory.close()
+    assert active[0] == active[1]
+    homes = [r for r in by_time if "home" in r["keywords"]]
+    assert [c for c in active[0].values() if c.startswith("Ann lives in")] == [homes[-1]["content"]]
+    said = {r["content"] for r in rows if "home" not in r["keywords"]}
+    assert sorted(c for c in active[0].values() if not c.startswith("Ann lives in")) == sorted(said)

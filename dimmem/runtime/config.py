@@ -75,7 +75,17 @@ class UpdateConfig(Section):
         "Jaccard from paper_jaccard, cosine from paper_similarity, never a record of a later session)",
     )
     similarity_threshold: float = Field(
-        0.6, description="consolidate with the closest candidate from this cosine on"
+        0.6, description="the closest candidate from this cosine on is the one the consolidator decides on"
+    )
+    restate_similarity: float = Field(
+        0.88, ge=-1, le=1, description="rules: a restatement (MERGE) from this cosine on ..."
+    )
+    restate_overlap: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="... with this share of the shorter record's content words in the other "
+        "(benchmarks/update.py: the two set on the labeled LoCoMo pairs, checked on a second set)",
     )
     max_candidates: int = Field(200, ge=1, description="update candidates compared by embedding, at most")
     paper_jaccard: float = Field(0.3, ge=0, le=1, description="candidates paper: keyword Jaccard from here")
@@ -217,13 +227,10 @@ class MemoryConfig(Section):
         return parse_query_rules
 
     def build_consolidator(self, client=None):
-        if self.consolidator == "model":
-            from dimmem.runtime.consolidate import ModelConsolidator
+        from dimmem.runtime.consolidate import ModelConsolidator, RuleConsolidator
 
-            return ModelConsolidator(client or self.client())
-        from dimmem.runtime.consolidate import consolidate_rules
-
-        return consolidate_rules
+        rules = RuleConsolidator(self.update.restate_similarity, self.update.restate_overlap)
+        return ModelConsolidator(client or self.client(), rules) if self.consolidator == "model" else rules
 
     def build_token_counter(self):
         """Counts a window's rendered extract prompt, when `windows.max_tokens` sets a budget."""

@@ -3,25 +3,95 @@
 
 from __future__ import annotations
 
+import re
+import time
 from collections import Counter
+from datetime import datetime
 
 from dimmem.contract.prompts import consolidate_messages
 from dimmem.contract.records import MEMORY_FIELDS
+from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import TurnScope, validate
 from dimmem.llm import ModelClient, ModelError
+from dimmem.runtime.query import content_words
 
 
-def consolidate_rules(new: dict, candidate: dict, similarity: float) -> dict:
-    """The rule fallback."""
-    if new["type"] in ("fact", "profile"):  # stable knowledge and traits change: the newer statement holds
-        return {"action": "SUPERSEDE", "memory": {k: new[k] for k in MEMORY_FIELDS}}
-    if new.get("time") == candidate.get("time"):  # the same event told twice: keep one, richer record
-        merged = {k: candidate[k] if candidate.get(k) is not None else new.get(k) for k in MEMORY_FIELDS}
-        merged["content"] = max((new["content"], candidate["content"]), key=len)
-        merged["keywords"] = list(dict.fromkeys(candidate["keywords"] + new["keywords"]))
-        merged["source_turns"] = list(dict.fromkeys(candidate["source_turns"] + new["source_turns"]))
-        return {"action": "MERGE", "memory": merged}
-    return {"action": "KEEP_BOTH", "memory": None}
+class RuleConsolidator:
+    """The decisions no model takes: precise, so they join few (its candidate: the same speaker and type,
+    the closest from `update.similarity_threshold`). Two kinds of pair are joined:
+
+    - a changed dimension: fact or profile records that share a keyword besides the speaker's name and
+      their places, and name two places: where something is has changed, and the later record holds
+      (SUPERSEDE; `recency` says which is later);
+    - a restatement: from `restate_similarity` on, with most of the shorter record's content words
+      (`restate_overlap`) in the other: one record says it (MERGE). Events merge only when they agree on
+      time and place; two occasions stay two records.
+    Anything else is kept apart (KEEP_BOTH): close texts about one topic are usually two facts."""
+
+    def __init__(self, restate_similarity: float, restate_overlap: float):
+        self.restate_similarity, self.restate_overlap = restate_similarity, restate_overlap
+
+    def __call__(self, new: dict, candidate: dict, similarity: float) -> dict:
+        if new["type"] in ("fact", "profile") and moved(new, candidate):
+            return {"action": "SUPERSEDE", "memory": {k: new[k] for k in MEMORY_FIELDS}}
+        if similarity < self.restate_similarity:
+            return KEEP_BOTH
+        if word_overlap(new["content"], candidate["content"]) < self.restate_overlap:
+            return KEEP_BOTH
+        places = {r.get("location") for r in (new, candidate)} - {None}
+        if new["type"] == "episodic" and (new.get("time") != candidate.get("time") or len(places) > 1):
+            return KEEP_BOTH
+        return {"action": "MERGE", "memory": merge(new, candidate)}
+
+
+KEEP_BOTH = {"action": "KEEP_BOTH", "memory": None}
+
+
+def moved(a: dict, b: dict) -> bool:
+    """Two places for one thing: both records name a place, not the same one, and share a keyword that is
+    neither the speaker's name nor a place ("home")."""
+    if not a.get("location") or not b.get("location"):
+        return False
+    if a["location"].casefold() == b["location"].casefold():
+        return False
+    ignore = {a["speaker"].casefold(), a["location"].casefold(), b["location"].casefold()}
+    return bool({k.casefold() for k in a["keywords"]} & {k.casefold() for k in b["keywords"]} - ignore)
+
+
+def word_overlap(a: str, b: str) -> float:
+    """The share of the shorter text's content words that the other has (1.0: it says nothing new)."""
+    x, y = ({w.casefold() for w in content_words(text)} for text in (a, b))
+    return len(x & y) / min(len(x), len(y)) if x and y else 0.0
+
+
+def merge(a: dict, b: dict) -> dict:
+    """One record of two that say the same: the later one's fields (`recency`), its blanks filled from the
+    other, the longer content, both keywords and source turns. The same whichever arrived first."""
+    later, earlier = (a, b) if recency(a) > recency(b) else (b, a)
+    merged = {k: later[k] if later.get(k) is not None else earlier.get(k) for k in MEMORY_FIELDS}
+    merged["content"] = max((later["content"], earlier["content"]), key=lambda text: (len(text), text))
+    merged["keywords"] = list(dict.fromkeys(later["keywords"] + earlier["keywords"]))
+    merged["source_turns"] = list(dict.fromkeys(earlier["source_turns"] + later["source_turns"]))
+    return merged
+
+
+def recency(record: dict) -> tuple:
+    """What orders two records in time: (when, session time, id in natural order). `when` is the start of
+    the record's event time, else its session's date, else the moment it was stored (now, for a record
+    being added): ISO strings, so a date and a moment compare as text."""
+    when = None
+    if record.get("time"):
+        try:
+            when = parse_span(record["time"])[0].isoformat()
+        except ValueError:  # the validator lets only spans through; a hand-made time may be anything
+            when = None
+    session = record.get("session_time") or ""
+    if when is None:
+        when = session[:10] or datetime.fromtimestamp(record.get("created") or time.time()).isoformat()
+    return when, session, [int(p) if p.isdigit() else p for p in _DIGITS.split(record["id"])]
+
+
+_DIGITS = re.compile(r"(\d+)")
 
 
 def decision_scope(new: dict, candidate: dict) -> TurnScope:
@@ -38,8 +108,8 @@ def decision_scope(new: dict, candidate: dict) -> TurnScope:
 class ModelConsolidator:
     """Asks the model; an unavailable endpoint or an invalid decision falls back to the rules."""
 
-    def __init__(self, client: ModelClient):
-        self.client, self.stats = client, Counter()
+    def __init__(self, client: ModelClient, rules: RuleConsolidator):
+        self.client, self.rules, self.stats = client, rules, Counter()
 
     def __call__(self, new: dict, candidate: dict, similarity: float) -> dict:
         messages = consolidate_messages(
@@ -56,4 +126,4 @@ class ModelConsolidator:
             self.stats["invalid"] += 1
         except ModelError:
             self.stats["unavailable"] += 1
-        return consolidate_rules(new, candidate, similarity)
+        return self.rules(new, candidate, similarity)

@@ -34,7 +34,7 @@ MERGE, SUPERSEDE or KEEP_BOTH, decided by a model (`consolidator`) or by rules. 
 versions stay in the history. `update.candidates: paper` swaps in the DimMem authors' filter instead,
 as a baseline (`_paper_candidates`). Lifecycle (held by the store): only active records are found,
 revised, merged into, superseded or deleted; `update` or `delete` of another raises `RecordStateError`; a
-deleted record comes back only by `restore`; superseded and merged records are history.
+deleted, superseded or merged record comes back only by `restore` (the undo of a wrong decision).
 
 Threads: a `Memory` may be shared by any number of threads, and no call holds the store for long.
 - One store lock (the single SQLite connection; none for Postgres, whose pool serves threads at once
@@ -83,20 +83,20 @@ from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import TurnScope, validate
 from dimmem.contract.windows import Window, _fit, make_windows
 from dimmem.runtime.config import MemoryConfig, load_memory_config
-from dimmem.runtime.consolidate import MEMORY_FIELDS, consolidate_rules, decision_scope
+from dimmem.runtime.consolidate import MEMORY_FIELDS
 from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor, keep_valid
 from dimmem.runtime.query import lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
+from dimmem.runtime.stores.log import RESTORABLE, STATUSES_LEFT
+from dimmem.runtime.update import UpdatePath
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
 
 EMBED_BATCH = 64  # texts per embedder call: the longest a search waits for the embedder
 SEARCH_HELPERS = 8  # threads embedding concurrent searches' queries (what queues there, the Batcher folds)
-SPEAKER_PROBES = 5  # update candidates above the threshold read to find the closest of the same speaker
-CONSOLIDATION_ATTEMPTS = 3  # fresh decisions when the target changed meanwhile, then KEEP_BOTH
 
 
 @dataclass
@@ -167,7 +167,6 @@ class Memory:
         self.embedder = embedder or config.build_embedder()
         self.extractor = extractor or config.build_extractor(client)
         self.query_parser = query_parser or config.build_query_parser(client)
-        self.consolidator = consolidator or config.build_consolidator(client)
         self.count_tokens = config.build_token_counter()
         self.stats: Counter = Counter()
         self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
@@ -177,8 +176,25 @@ class Memory:
             threading.RLock() if self.store.serialized else nullcontext()
         )
         self._embedder = Batcher(self.embedder.encode, EMBED_BATCH)  # concurrent requests share a call
+        self.updates = UpdatePath(
+            self.store,
+            config.update,
+            consolidator or config.build_consolidator(client),
+            self._store_lock,
+            self._encode,
+            self.stats,
+        )
         # searches' query embeddings, overlapping their other paths (threads start on first use)
         self._helpers = ThreadPoolExecutor(max_workers=SEARCH_HELPERS, thread_name_prefix="dimmem-search")
+
+    @property
+    def consolidator(self) -> Callable[[dict, dict, float], dict]:
+        """What decides MERGE, SUPERSEDE or KEEP_BOTH on the update path (rules or a model)."""
+        return self.updates.consolidator
+
+    @consolidator.setter
+    def consolidator(self, value: Callable[[dict, dict, float], dict]) -> None:
+        self.updates.consolidator = value
 
     @classmethod
     def from_config(
@@ -318,27 +334,33 @@ class Memory:
         return self._write(user_id, records, consolidate)
 
     def _write(self, user_id: str, records: list[dict], consolidate: bool) -> list[dict]:
-        """Embeddings a batch at a time, outside the store lock; with consolidation each record in its own
-        transaction (its decision is checked against the store as it is then), without it each batch in
-        one (a write per batch, not per record: what ingest costs on a database that syncs commits)."""
-        events = []
-        for start in range(0, len(records), EMBED_BATCH):
-            batch = records[start : start + EMBED_BATCH]
+        """Embeddings a batch at a time, outside the store lock: the next batch's in a helper thread while
+        this one is written, so the embedder and the store each keep a core busy. Without a model each
+        batch is one transaction (stored as given, or looked up, decided by the rules and written: a
+        commit per batch, not per record); a model's decisions are taken record by record
+        (`UpdatePath.add`). Each write re-checks what is stored, so an id stored meanwhile (by this add's
+        earlier batch, or another writer) comes back UNCHANGED."""
+        batches = [records[i : i + EMBED_BATCH] for i in range(0, len(records), EMBED_BATCH)]
+
+        def embed_next(n: int):
+            """The new records of batch n, embedded in a helper (what is stored already is not)."""
+            if n >= len(batches):
+                return None
             with self._store_lock:
-                stored = self.store.get_many(user_id, [r["id"] for r in batch])
-                # the stats' baseline (comparing with every active record), counted once per batch
-                active = self.store.count(user_id) if consolidate else 0
-            todo = [r for r in batch if r["id"] not in stored]
-            vectors = dict(zip((r["id"] for r in todo), self._encode([r["content"] for r in todo])))
+                stored = self.store.get_many(user_id, [r["id"] for r in batches[n]])
+            todo = [r for r in batches[n] if r["id"] not in stored]
+            texts = [r["content"] for r in todo]
+            return self._helpers.submit(lambda: dict(zip((r["id"] for r in todo), self._encode(texts))))
+
+        events: list[dict] = []
+        pending = embed_next(0)
+        for n, batch in enumerate(batches):
+            vectors = pending.result()
+            pending = embed_next(n + 1)
             if not consolidate:
                 events += self._insert_batch(user_id, batch, vectors)
-                continue
-            for record in batch:
-                if record["id"] in vectors:
-                    events.append(self._add_one(user_id, record, vectors[record["id"]], active))
-                    active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
-                else:
-                    events.append({"id": record["id"], "action": "UNCHANGED", "target": None})
+            else:
+                events += self.updates.add_batch(user_id, batch, vectors)
         return events
 
     def _insert_batch(self, user_id: str, batch: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
@@ -354,137 +376,6 @@ class Memory:
                     fresh.discard(record["id"])
                 events.append({"id": record["id"], "action": "ADD" if added else "UNCHANGED", "target": None})
         return events
-
-    def _add_one(self, user_id: str, record: dict, vector: np.ndarray, active: int) -> dict:
-        """`active`: the user's active records before this one (a statistic: this writer's count).
-
-        With the rules (no model call) the record is looked up, decided and written in one write block:
-        nothing can change under the decision, and one transaction per record is what a Postgres add
-        costs. A model's decision is taken outside the store: the reads in a read block, the write in
-        another that re-reads the target. A merge's text is embedded outside the store too, so a merge
-        by the rules leaves its block and takes the checked way."""
-        unchanged = {"id": record["id"], "action": "UNCHANGED", "target": None}
-        local = self.consolidator is consolidate_rules
-        for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
-            last = attempt == CONSOLIDATION_ATTEMPTS  # the last attempt: KEEP_BOTH
-            if local:
-                with self._store_lock, self.store.transaction():
-                    if self.store.get(user_id, record["id"]) is not None:
-                        return unchanged
-                    best, similarity, candidate = self._candidate(user_id, record, vector, active, last)
-                    decision = self._consult(record, candidate, similarity)
-                    if decision["action"] != "MERGE":
-                        return self._apply(user_id, record, vector, best, decision)
-            else:
-                with self._store_lock, self.store.transaction(write=False):  # the reads for one decision
-                    best, similarity, candidate = self._candidate(user_id, record, vector, active, last)
-                decision = self._consult(record, candidate, similarity)  # a model call, maybe
-            merged = None
-            if decision["action"] == "MERGE":
-                merged = self._encode([decision["memory"]["content"]])[0]
-            # the record and its consolidation land together or not at all; the target is re-read under
-            # BEGIN IMMEDIATE: deleted, merged away or changed by another writer meanwhile -> decide again
-            with self._store_lock, self.store.transaction():
-                if self.store.get(user_id, record["id"]) is not None:
-                    return unchanged
-                if decision["action"] != "KEEP_BOTH":
-                    now = self.store.get(user_id, best)
-                    if now is None or (now["status"], now["version"]) != ("active", candidate["version"]):
-                        self.stats["stale_consolidations"] += 1
-                        continue
-                return self._apply(user_id, record, vector, best, decision, merged)
-        raise AssertionError("unreachable: the last attempt keeps both")
-
-    def _candidate(
-        self, user_id: str, record: dict, vector: np.ndarray, active: int, last: bool
-    ) -> tuple[str | None, float, dict | None]:
-        """The stored record to consolidate the new one with: (id, similarity, record), or (None, 0, None)
-        when none is close enough, and on the `last` attempt (which keeps both without looking)."""
-        if last:
-            return None, 0.0, None
-        update = self.config.update
-        paper = update.candidates == "paper"
-        names = set() if paper else {record["speaker"].casefold()}
-        keys = [k for k in record["keywords"] if k.casefold() not in names]
-        candidates = self.store.lookup.keywords(user_id, record["type"], keys, update.max_candidates)
-        if paper:
-            candidates = self._paper_candidates(user_id, record, candidates)
-        self.stats["embedding_comparisons"] += len(candidates)
-        self.stats["baseline_comparisons"] += active  # comparing with every active record
-        if not candidates:
-            return None, 0.0, None
-        return self._closest(user_id, record, vector, candidates, paper)
-
-    def _consult(self, record: dict, candidate: dict | None, similarity: float) -> dict:
-        """The consolidator's decision; KEEP_BOTH without a candidate or for an invalid decision."""
-        if candidate is None:
-            return {"action": "KEEP_BOTH", "memory": None}
-        decision = self.consolidator(record, candidate, similarity)
-        if validate("consolidate", decision, decision_scope(record, candidate)).ok:
-            return decision
-        with self._store_lock:  # a bad decision never damages the store
-            self.stats["invalid_consolidations"] += 1
-        return {"action": "KEEP_BOTH", "memory": None}
-
-    def _apply(
-        self,
-        user_id: str,
-        record: dict,
-        vector: np.ndarray,
-        best: str | None,
-        decision: dict,
-        merged: np.ndarray | None = None,
-    ) -> dict:
-        """Write the record and its decision (inside the caller's write block); `merged`: the merged
-        text's vector. Returns the record's event."""
-        action = decision["action"]
-        if action == "MERGE":
-            self.store.insert(user_id, record, vector)
-            self.store.set_status(user_id, record["id"], "merged", f"MERGED_INTO {best}")
-            self.store.revise(user_id, best, decision["memory"], merged, f"MERGE {record['id']}")
-        elif action == "SUPERSEDE":
-            self.store.set_status(user_id, best, "superseded", f"SUPERSEDED_BY {record['id']}")
-            self.store.insert(user_id, {**record, **decision["memory"]}, vector)
-        else:
-            self.store.insert(user_id, record, vector)
-        self.stats[action] += 1
-        return {"id": record["id"], "action": action, "target": best if action != "KEEP_BOTH" else None}
-
-    def _closest(
-        self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str], paper: bool = False
-    ) -> tuple[str | None, float, dict | None]:
-        """The most similar candidate above the threshold whose speaker is the record's: (id, similarity,
-        record), or (None, 0, None). Another speaker's record is another person's memory ("Bob loves
-        jazz" must not supersede "Alice loves jazz"), however close the two texts are. Only the
-        `SPEAKER_PROBES` closest are read. `paper` (the authors' filter): the threshold is
-        `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
-        update = self.config.update
-        threshold = update.paper_similarity if paper else update.similarity_threshold
-        speaker = record["speaker"].casefold()
-        for rid, score in self.store.lookup.closest(user_id, vector, candidates, SPEAKER_PROBES):
-            if score < threshold:
-                break
-            found = self.store.get(user_id, rid)
-            if found is not None and (paper or found["speaker"].casefold() == speaker):
-                return rid, score, found
-        return None, 0.0, None
-
-    def _paper_candidates(self, user_id: str, record: dict, candidates: list[str]) -> list[str]:
-        """The DimMem authors' update filter (`update.candidates: paper`), a baseline, on the index's
-        candidates (same type, a shared keyword): those whose keyword set (casefolded, the speaker's name
-        included) has Jaccard similarity with the record's from `paper_jaccard` on, and that do not come
-        from a later session than the record (ISO `session_time`s compared as text), so an older record
-        never replaces a newer one. Same session or a time unknown on either side: kept (arrival order
-        decides, as without the filter). The cosine step is `_closest`'s, from `paper_similarity`."""
-        mine = {k.casefold() for k in record["keywords"]}
-        when = record.get("session_time")
-        kept = []
-        for rid, other in self.store.get_many(user_id, candidates).items():
-            theirs = {k.casefold() for k in other["keywords"]}
-            newer = when and other.get("session_time") and other["session_time"] > when
-            if len(mine & theirs) / len(mine | theirs) >= self.config.update.paper_jaccard and not newer:
-                kept.append(rid)
-        return kept
 
     def update(self, memory_id: str, *, user_id: str, **fields) -> dict:
         """A new version of an active record with the given fields changed (the old one stays in its
@@ -514,15 +405,16 @@ class Memory:
             self.store.set_status(user_id, memory_id, "deleted", "DELETE")
 
     def restore(self, memory_id: str, *, user_id: str) -> dict:
-        """A deleted record active again, found by every path (history "RESTORE"). Only deleted records
-        can be restored (RecordStateError); superseded and merged ones are history."""
+        """A deleted, superseded or merged record active again, found by every path (history "RESTORE"):
+        the undo of a delete or of a wrong update decision (the record that replaced it stays active).
+        An active record cannot be restored (RecordStateError)."""
         with self._store_lock:
             current = self.store.get(user_id, memory_id)
         if current is None:
             raise KeyError(f"no record {memory_id!r} for user {user_id!r}")
-        if current["status"] != "deleted":
-            raise RecordStateError(memory_id, current["status"], "restored", "deleted")
-        vector = self._encode([current["content"]])[0]  # a deleted record's content never changes
+        if current["status"] not in STATUSES_LEFT:
+            raise RecordStateError(memory_id, current["status"], "restored", RESTORABLE)
+        vector = self._encode([current["content"]])[0]  # a record out of use never changes its content
         with self._store_lock, self.store.transaction():
             self.store.restore(user_id, memory_id, vector)  # checks the status again
         return self.get(memory_id, user_id=user_id)

@@ -148,7 +148,7 @@ def delete(
 @router.post(
     "/v1/memories/{record_id:path}/restore",
     response_model=StoredMemory,
-    summary="make a deleted memory active again (409 if it is not deleted)",
+    summary="make a deleted, superseded or merged memory active again (409 if it is active)",
 )
 def restore(
     record_id: RecordId, user_id: Annotated[UserId, Query()], state: Service, tenant_name: Tenant

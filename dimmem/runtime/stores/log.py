@@ -32,6 +32,7 @@ from dimmem.runtime.stores.indexes import open_indexes
 from dimmem.runtime.stores.lookup import Lookup
 
 STATUSES_LEFT = ("superseded", "merged", "deleted")  # what an active record can become
+RESTORABLE = "deleted, superseded or merged"  # every one of them: `restore` undoes each
 _SELECT = ", ".join(f'"{c}"' for c in schema.COLUMNS)  # (quoted: `time` is a keyword in Postgres)
 _VALUES = ", ".join("?" * len(schema.COLUMNS))
 _INSERT_RECORD = f"INSERT INTO records ({_SELECT}, seq) VALUES ({_VALUES}, ?)"
@@ -149,11 +150,12 @@ class RecordLog:
             self._snapshot(sql, user_id, record_id, current["version"] + 1, action, now)
 
     def restore(self, user_id: str, record_id: str, vector: np.ndarray) -> int:
-        """A deleted record active again, re-indexed (`vector`: its content's embedding); the new version."""
+        """A deleted, superseded or merged record active again, re-indexed (`vector`: its content's
+        embedding): the undo of a delete or of an update path's decision. Returns the new version."""
         with self.dialect.cursor(user_id, write=True) as sql:
             current = self._locked(sql, user_id, record_id)
-            if current["status"] != "deleted":
-                raise RecordStateError(record_id, current["status"], "restored", "deleted")
+            if current["status"] not in STATUSES_LEFT:
+                raise RecordStateError(record_id, current["status"], "restored", RESTORABLE)
             version, now = current["version"] + 1, time.time()
             sql.run(
                 "UPDATE records SET status='active', version=?, updated=? WHERE {user} AND id=?",

@@ -1,0 +1,203 @@
+"""The update path: each new record meets the stored records it may update, and is consolidated with the
+closest one: MERGE, SUPERSEDE or KEEP_BOTH, decided by rules or a model (`dimmem.runtime.consolidate`).
+
+What it promises (docs/runtime.md, "The update path"):
+- Candidates are few: the stored active records of the new record's type that share a keyword other than
+  the speaker's name (an index lookup, at most `update.max_candidates`), of the same speaker, compared by
+  embedding where the vectors are (`Lookup.closest`); the closest from `update.similarity_threshold` is
+  the one consulted. `update.candidates: paper` is the DimMem authors' filter instead, a baseline.
+- Time decides, not arrival. Of a pair the consolidator calls an update, the later one (`recency`: the
+  start of its event time, else its session's date, else when it was stored; then its session time,
+  then its id) stays active: a new record supersedes an earlier one, and one that arrives after a later
+  record is stored as that record's history (`HISTORY`: superseded by it, which stays as it is). A
+  restatement (MERGE) keeps the earlier telling, with the merged text (the rules' merge reads the same
+  whichever came first). Added in any order, the same records leave the same active records.
+- Nothing is lost: superseded and merged records stay in the store with their history, and `restore`
+  brings one back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import numpy as np
+
+from dimmem.contract.validate import validate
+from dimmem.runtime.config import UpdateConfig
+from dimmem.runtime.consolidate import KEEP_BOTH, RuleConsolidator, decision_scope, recency
+from dimmem.runtime.stores import RecordLog
+
+SPEAKER_PROBES = 5  # update candidates above the threshold read to find the closest of the same speaker
+CONSOLIDATION_ATTEMPTS = 3  # fresh decisions when the target changed meanwhile, then KEEP_BOTH
+
+
+class UpdatePath:
+    """A `Memory`'s update path over its store: `add(user, record, vector, active)` -> the event."""
+
+    def __init__(
+        self,
+        store: RecordLog,
+        config: UpdateConfig,
+        consolidator: Callable[[dict, dict, float], dict],
+        store_lock: AbstractContextManager,
+        encode: Callable[[list[str]], np.ndarray],
+        stats: Counter,
+    ):
+        self.store, self.config, self.consolidator = store, config, consolidator
+        self.lock, self.encode, self.stats = store_lock, encode, stats
+
+    def add_batch(self, user_id: str, records: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
+        """One event per record (UNCHANGED for one without a vector: stored already). By the rules, the
+        whole batch is looked up, decided and written in one write block (a merge's text embedded inside
+        it); a model's decisions record by record (`add`)."""
+        with self.lock:  # the stats' baseline (comparing with every active record), once a batch
+            active = self.store.count(user_id)
+        if not isinstance(self.consolidator, RuleConsolidator):
+            events = []
+            for record in records:
+                if record["id"] not in vectors:
+                    events.append(_unchanged(record))
+                    continue
+                events.append(self.add(user_id, record, vectors[record["id"]], active))
+                active += events[-1]["action"] == "KEEP_BOTH"  # supersede, merge: one in, one out
+            return events
+        events = []
+        with self.lock, self.store.transaction():
+            for record in records:
+                vector = vectors.get(record["id"])
+                if vector is None or self.store.get(user_id, record["id"]) is not None:
+                    events.append(_unchanged(record))
+                    continue
+                best, similarity, candidate = self._candidate(user_id, record, vector, active, False)
+                decision = self._consult(record, candidate, similarity)
+                merged = (
+                    self.encode([decision["memory"]["content"]])[0] if decision["action"] == "MERGE" else None
+                )
+                events.append(self._apply(user_id, record, vector, candidate, decision, merged))
+                active += events[-1]["action"] == "KEEP_BOTH"
+        return events
+
+    def add(self, user_id: str, record: dict, vector: np.ndarray, active: int) -> dict:
+        """A model's decision on one record: the reads in a read block, the model's call outside the store,
+        the write in another block that re-reads the target (deleted, merged away or changed by another
+        writer meanwhile: decide again; the last attempt keeps both). `active`: the user's active
+        records before this one (a statistic: this writer's count)."""
+        for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
+            last = attempt == CONSOLIDATION_ATTEMPTS  # the last attempt: KEEP_BOTH
+            with self.lock, self.store.transaction(write=False):  # the reads for one decision
+                best, similarity, candidate = self._candidate(user_id, record, vector, active, last)
+            decision = self._consult(record, candidate, similarity)  # a model call, maybe
+            merged = None
+            if decision["action"] == "MERGE":
+                merged = self.encode([decision["memory"]["content"]])[0]
+            with self.lock, self.store.transaction():
+                if self.store.get(user_id, record["id"]) is not None:
+                    return _unchanged(record)
+                if decision["action"] != "KEEP_BOTH":
+                    now = self.store.get(user_id, best)
+                    if now is None or (now["status"], now["version"]) != ("active", candidate["version"]):
+                        self.stats["stale_consolidations"] += 1
+                        continue
+                return self._apply(user_id, record, vector, candidate, decision, merged)
+        raise AssertionError("unreachable: the last attempt keeps both")
+
+    def _candidate(
+        self, user_id: str, record: dict, vector: np.ndarray, active: int, last: bool
+    ) -> tuple[str | None, float, dict | None]:
+        """The stored record to consolidate the new one with: (id, similarity, record), or (None, 0, None)
+        when none is close enough, and on the `last` attempt (which keeps both without looking)."""
+        if last:
+            return None, 0.0, None
+        paper = self.config.candidates == "paper"
+        names = set() if paper else {record["speaker"].casefold()}
+        keys = [k for k in record["keywords"] if k.casefold() not in names]
+        candidates = self.store.lookup.keywords(user_id, record["type"], keys, self.config.max_candidates)
+        if paper:
+            candidates = self._paper_candidates(user_id, record, candidates)
+        self.stats["embedding_comparisons"] += len(candidates)
+        self.stats["baseline_comparisons"] += active  # comparing with every active record
+        if not candidates:
+            return None, 0.0, None
+        return self._closest(user_id, record, vector, candidates, paper)
+
+    def _consult(self, record: dict, candidate: dict | None, similarity: float) -> dict:
+        """The consolidator's decision; KEEP_BOTH without a candidate or for an invalid decision."""
+        if candidate is None:
+            return KEEP_BOTH
+        decision = self.consolidator(record, candidate, similarity)
+        if decision == KEEP_BOTH or validate("consolidate", decision, decision_scope(record, candidate)).ok:
+            return decision
+        self.stats["invalid_consolidations"] += 1
+        return KEEP_BOTH
+
+    def _apply(
+        self,
+        user_id: str,
+        record: dict,
+        vector: np.ndarray,
+        candidate: dict | None,
+        decision: dict,
+        merged: np.ndarray | None = None,
+    ) -> dict:
+        """Write the record and its decision (inside the caller's write block); `merged`: the merged
+        text's vector. A merge keeps the earlier of the two, with the merged text; a supersession the
+        later (`recency`). Returns the record's event."""
+        action, memory, new_id = decision["action"], decision["memory"], record["id"]
+        if action == "KEEP_BOTH":
+            self.store.insert(user_id, record, vector)
+        elif action == "MERGE" and recency(record) > recency(candidate):  # the first telling stays
+            self.store.insert(user_id, record, vector)
+            self.store.set_status(user_id, new_id, "merged", f"MERGED_INTO {candidate['id']}")
+            self.store.revise(user_id, candidate["id"], memory, merged, f"MERGE {new_id}")
+        elif action == "MERGE":  # an earlier telling arrived late: it stays, with the merged text
+            self.store.set_status(user_id, candidate["id"], "merged", f"MERGED_INTO {new_id}")
+            self.store.insert(user_id, {**record, **memory}, merged)
+        elif recency(record) > recency(candidate):
+            self.store.set_status(user_id, candidate["id"], "superseded", f"SUPERSEDED_BY {new_id}")
+            self.store.insert(user_id, {**record, **memory}, vector)
+        else:  # it arrived after a later record: stored as that record's history, which stays as it is
+            self.store.insert(user_id, record, vector)
+            self.store.set_status(user_id, new_id, "superseded", f"SUPERSEDED_BY {candidate['id']}")
+            action = "HISTORY"
+        self.stats[action] += 1
+        return {"id": new_id, "action": action, "target": None if action == "KEEP_BOTH" else candidate["id"]}
+
+    def _closest(
+        self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str], paper: bool = False
+    ) -> tuple[str | None, float, dict | None]:
+        """The most similar candidate above the threshold whose speaker is the record's: (id, similarity,
+        record), or (None, 0, None). Another speaker's record is another person's memory ("Bob loves
+        jazz" must not supersede "Alice loves jazz"), however close the two texts are. Only the
+        `SPEAKER_PROBES` closest are read. `paper` (the authors' filter): the threshold is
+        `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
+        threshold = self.config.paper_similarity if paper else self.config.similarity_threshold
+        speaker = record["speaker"].casefold()
+        for rid, score in self.store.lookup.closest(user_id, vector, candidates, SPEAKER_PROBES):
+            if score < threshold:
+                break
+            found = self.store.get(user_id, rid)
+            if found is not None and (paper or found["speaker"].casefold() == speaker):
+                return rid, score, found
+        return None, 0.0, None
+
+    def _paper_candidates(self, user_id: str, record: dict, candidates: list[str]) -> list[str]:
+        """The DimMem authors' update filter (`update.candidates: paper`), a baseline, on the index's
+        candidates (same type, a shared keyword): those whose keyword set (casefolded, the speaker's name
+        included) has Jaccard similarity with the record's from `paper_jaccard` on, and that do not come
+        from a later session than the record (ISO `session_time`s compared as text). The cosine step is
+        `_closest`'s, from `paper_similarity`."""
+        mine = {k.casefold() for k in record["keywords"]}
+        when = record.get("session_time")
+        kept = []
+        for rid, other in self.store.get_many(user_id, candidates).items():
+            theirs = {k.casefold() for k in other["keywords"]}
+            newer = when and other.get("session_time") and other["session_time"] > when
+            if len(mine & theirs) / len(mine | theirs) >= self.config.paper_jaccard and not newer:
+                kept.append(rid)
+        return kept
+
+
+def _unchanged(record: dict) -> dict:
+    return {"id": record["id"], "action": "UNCHANGED", "target": None}
