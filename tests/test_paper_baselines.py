@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dimmem.config import ConfigError
-from dimmem.contract.records import memory_record
+from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.runtime.config import MemoryConfig
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
@@ -150,6 +150,11 @@ GUITAR = rec("guitar", "Bob plays jazz guitar in Porto.", ["Bob", "jazz", "guita
 BANDS = rec("bands", "Bob plays jazz guitar in Porto bands.", ["Bob", "jazz", "guitar", "Porto", "bands"])
 
 
+def supersede(new: dict, candidate: dict, similarity: float) -> dict:
+    """Every candidate a filter hands over superseded: what is tested here is which one it hands over."""
+    return {"action": "SUPERSEDE", "memory": {k: new[k] for k in MEMORY_FIELDS}}
+
+
 def added(memory, *records) -> list[str]:
     return [e["action"] for r in records for e in memory.add_records([r], user_id="bob")]
 
@@ -159,37 +164,43 @@ def paper(**thresholds) -> dict:
 
 
 def test_paper_filter_refuses_a_candidate_under_the_keyword_jaccard(memory_factory):
-    memory = memory_factory(paper(), store="paper", embedder=SameVector())
+    memory = memory_factory(paper(), store="paper", embedder=SameVector(), consolidator=supersede)
     assert added(memory, JAZZ, BANDS) == ["KEEP_BOTH", "KEEP_BOTH"]  # 0.29: no candidate
     assert memory.stats["embedding_comparisons"] == 0  # refused before any embedding comparison
     assert memory.get("jazz", user_id="bob")["status"] == "active"
-    memory = memory_factory(paper(), store="paper-2", embedder=SameVector())
-    assert added(memory, JAZZ, GUITAR) == ["KEEP_BOTH", "SUPERSEDE"]  # 0.33: the rules supersede a fact
+    memory = memory_factory(paper(), store="paper-2", embedder=SameVector(), consolidator=supersede)
+    assert added(memory, JAZZ, GUITAR) == ["KEEP_BOTH", "SUPERSEDE"]  # 0.33: a candidate
     assert memory.get("jazz", user_id="bob")["status"] == "superseded"
-    stricter = memory_factory(paper(paper_jaccard=0.4), store="paper-3", embedder=SameVector())
+    stricter = memory_factory(
+        paper(paper_jaccard=0.4), store="paper-3", embedder=SameVector(), consolidator=supersede
+    )
     assert added(stricter, JAZZ, GUITAR) == ["KEEP_BOTH", "KEEP_BOTH"]
     # this runtime's filter takes BANDS (it shares "jazz" besides the speaker's name)
-    ours = memory_factory(store="dimmem", embedder=SameVector())
+    ours = memory_factory(store="dimmem", embedder=SameVector(), consolidator=supersede)
     assert added(ours, JAZZ, BANDS) == ["KEEP_BOTH", "SUPERSEDE"]
 
 
 def test_paper_filter_refuses_another_type_and_a_distant_text(memory_factory):
-    memory = memory_factory(paper(), store="type", embedder=SameVector())
+    memory = memory_factory(paper(), store="type", embedder=SameVector(), consolidator=supersede)
     profile = {**GUITAR, "id": "guitar-profile", "type": "profile"}
     assert added(memory, JAZZ, profile) == ["KEEP_BOTH", "KEEP_BOTH"]
     assert memory.get("jazz", user_id="bob")["status"] == "active"
-    far = memory_factory(paper(), store="cosine", embedder=TextVector())  # cosine 0 < 0.7
+    far = memory_factory(
+        paper(), store="cosine", embedder=TextVector(), consolidator=supersede
+    )  # cosine 0 < 0.7
     assert added(far, JAZZ, GUITAR) == ["KEEP_BOTH", "KEEP_BOTH"]
     assert far.stats["embedding_comparisons"] == 1  # a candidate, compared, under the threshold
-    loose = memory_factory(paper(paper_similarity=-1.0), store="loose", embedder=TextVector())
+    loose = memory_factory(
+        paper(paper_similarity=-1.0), store="loose", embedder=TextVector(), consolidator=supersede
+    )
     assert added(loose, JAZZ, GUITAR) == ["KEEP_BOTH", "SUPERSEDE"]
 
 
 def test_paper_filter_asks_no_speaker(memory_factory):
-    memory = memory_factory(paper(), store="speaker", embedder=SameVector())
+    memory = memory_factory(paper(), store="speaker", embedder=SameVector(), consolidator=supersede)
     alice = {**GUITAR, "id": "alice", "speaker": "Alice", "content": "Alice plays jazz guitar in Porto."}
     assert added(memory, JAZZ, alice) == ["KEEP_BOTH", "SUPERSEDE"]  # theirs: any speaker's record
-    ours = memory_factory(store="speaker-ours", embedder=SameVector())
+    ours = memory_factory(store="speaker-ours", embedder=SameVector(), consolidator=supersede)
     assert added(ours, JAZZ, alice) == ["KEEP_BOTH", "KEEP_BOTH"]  # ours: the same speaker only
 
 
@@ -198,23 +209,26 @@ def test_paper_filter_asks_no_speaker(memory_factory):
     [
         ("2023-08-01T10:00", "2023-05-01T10:00", "KEEP_BOTH"),  # older than the stored record: never
         ("2023-05-01T10:00", "2023-08-01T10:00", "SUPERSEDE"),  # newer: may
-        ("2023-05-01T10:00", "2023-05-01T10:00", "SUPERSEDE"),  # same session: arrival order decides
-        (None, "2023-05-01T10:00", "SUPERSEDE"),  # a time unknown: arrival order decides
+        # same session: a candidate for theirs; the runtime's time order then goes by id ("guitar" is
+        # before "jazz"), so the arriving record is history of the stored one
+        ("2023-05-01T10:00", "2023-05-01T10:00", "HISTORY"),
+        (None, "2023-05-01T10:00", "HISTORY"),  # no session time: the stored record's is when it was stored
     ],
 )
 def test_paper_filter_never_lets_an_older_record_replace_a_newer_one(
     memory_factory, stored, arriving, action
 ):
-    memory = memory_factory(paper(), store="time", embedder=SameVector())
+    memory = memory_factory(paper(), store="time", embedder=SameVector(), consolidator=supersede)
     assert added(memory, {**JAZZ, "session_time": stored}, {**GUITAR, "session_time": arriving}) == [
         "KEEP_BOTH",
         action,
     ]
     assert memory.get("jazz", user_id="bob")["status"] == (
-        "active" if action == "KEEP_BOTH" else "superseded"
+        "superseded" if action == "SUPERSEDE" else "active"
     )
-    if action == "KEEP_BOTH":  # this runtime's filter asks no time: the older record replaces the newer
-        ours = memory_factory(store="time-ours", embedder=SameVector())
+    if action == "KEEP_BOTH":  # this runtime's filter takes it, and time decides: the older is history
+        ours = memory_factory(store="time-ours", embedder=SameVector(), consolidator=supersede)
         assert added(ours, {**JAZZ, "session_time": stored}, {**GUITAR, "session_time": arriving})[1] == (
-            "SUPERSEDE"
+            "HISTORY"
         )
+        assert ours.get("jazz", user_id="bob")["status"] == "active"
