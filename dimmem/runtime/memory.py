@@ -28,22 +28,21 @@ ends where one uninterrupted add would have. A window the extractor gave no answ
 and is retried the same way. (A retry without message ids that resends only the last turns, not the
 whole conversation, cannot be told from new turns with the same text: it appends them again.)
 
-Each new record meets only the stored records of its type that share a keyword (an index lookup), is
-compared by embedding with those alone, and is consolidated with the closest one when similar enough:
-MERGE, SUPERSEDE or KEEP_BOTH, decided by a model (`consolidator`) or by rules. Replaced and merged
-versions stay in the history. `update.candidates: paper` swaps in the DimMem authors' filter instead,
-as a baseline (`_paper_candidates`). Lifecycle (held by the store): only active records are found,
-revised, merged into, superseded or deleted; `update` or `delete` of another raises `RecordStateError`; a
-deleted, superseded or merged record comes back only by `restore` (the undo of a wrong decision).
+Each new record goes through the update path (`dimmem.runtime.update`: few candidates, precise rules or a
+model, time decides which of two records stays, nothing lost). Lifecycle (held by the store): only active
+records are found, revised, merged into, superseded or deleted; `update` or `delete` of another raises
+`RecordStateError`; a deleted, superseded or merged record comes back only by `restore` (the undo of a
+wrong decision).
 
 Threads: a `Memory` may be shared by any number of threads, and no call holds the store for long.
 - One store lock (the single SQLite connection; none for Postgres, whose pool serves threads at once
-  and whose transactions lock the user they write in the database) is taken per record write, per
-  turns-and-windows write of an add, and by reads (`search`, `get`, `get_all`, `history`) only for
-  their store calls. A record consolidated by the rules is looked up, decided and written in one
-  transaction; a model's decision runs outside the lock, between the candidate lookup and the record's
-  transaction, which re-reads the target's status and version under `BEGIN IMMEDIATE`: a target
-  deleted or changed meanwhile means a fresh decision, at worst KEEP_BOTH.
+  and whose transactions lock the user they write in the database) is taken per batch of records
+  written (stored as given, or looked up, decided by the rules and written: one transaction), per
+  record a model decides, per turns-and-windows write of an add, and by reads (`search`, `get`,
+  `get_all`, `history`) only for their store calls. A model's decision runs outside the lock, between
+  the candidate lookup and the record's transaction, which re-reads the target's status and version
+  under `BEGIN IMMEDIATE`: a target deleted or changed meanwhile means a fresh decision, at worst
+  KEEP_BOTH.
 - One embedder, behind a `Batcher`: embeddings are computed outside the store lock, at most
   `EMBED_BATCH` texts per model call; the query embeddings of concurrent searches (and an add's batch)
   that queue behind one call share the next.
@@ -51,7 +50,7 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
 - A search embeds its query and runs the dense path in a helper thread while it runs the lexical and
   dimension paths under the store lock; the dense path takes no store lock where the store reads its
   vectors through a connection of its own (`RecordLog.concurrent_dense`).
-So a search waits at most for one record's write or one embedding batch, never for a whole add. Other
+So a search waits at most for one batch's write or one embedding batch, never for a whole add. Other
 processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
 one user on Postgres, in any process, by the user's row lock (`stores.postgres`).
 """
@@ -170,7 +169,7 @@ class Memory:
         self.count_tokens = config.build_token_counter()
         self.stats: Counter = Counter()
         self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
-        # the one SQLite connection: held per record write or read; a pooled store (Postgres) serializes
+        # the one SQLite connection: held per batch write or read; a pooled store (Postgres) serializes
         # nothing here (its transactions lock one user's writes in the database)
         self._store_lock: AbstractContextManager = (
             threading.RLock() if self.store.serialized else nullcontext()
