@@ -1,5 +1,5 @@
-"""Memory runtime benchmark: search latency by store size and by user size, ingest throughput, store
-size on disk, and the update path's embedding comparisons against comparing with every stored record.
+"""Memory runtime benchmark: search latency by store size and by user size, ingest throughput and store
+size on disk (the update path's decisions against truth: `python -m benchmarks.update`).
 
     python -m benchmarks.runtime --sizes 1000,10000,100000,1000000 --spread 1000000/1000 \\
         --stores sqlite,postgres --out runs/bench/runtime.json
@@ -17,8 +17,7 @@ queries on one FTS5 index over the same records, the lexical path before the per
 runtime's query embedding (ONNX Runtime), sentence-transformers', the embedder before. A filled store is
 settled before it is measured (SQLite's write-ahead log checkpointed, Postgres ANALYZEd). Ingest with
 embeddings (`--ingest` records, as given and through the update path) runs on each backend with each
-embedder (ONNX fp32 and int8, sentence-transformers); the update path's candidate lookup on LoCoMo
-observations, with this runtime's filter and the DimMem authors' (`--update-only`: that table alone).
+embedder (ONNX fp32 and int8, sentence-transformers).
 """
 
 from __future__ import annotations
@@ -38,14 +37,13 @@ from tqdm import tqdm
 
 from benchmarks.lexical import SharedFTS5
 from dimmem.contract.loaders import load_conversations
-from dimmem.contract.records import MEMORY_FIELDS, memory_record
+from dimmem.contract.records import memory_record
 from dimmem.paths import shared_data, write_json
 from dimmem.runtime.embed import TextEncoder, make_embedder
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import content_words, lexical_terms, parse_query_rules
 from dimmem.runtime.retrieval import dimension_path
 from dimmem.runtime.stores import open_store
-from eval.retrieval import observation_records
 
 TYPES = ("episodic", "fact", "profile")
 
@@ -264,64 +262,6 @@ def bench_ingest(
     return out
 
 
-UPDATE_FILTERS = ("dimmem", "paper")  # `update.candidates`: this runtime's filter, the DimMem authors'
-
-
-def bench_update(conversations, embedder: TextEncoder) -> dict:
-    """The update path on LoCoMo observations (each dated by its session: `session_time`), once per
-    candidate filter of `UPDATE_FILTERS` on the same records: embedding comparisons against comparing
-    with every stored record, the decisions (rules), and how many replaced (superseded or merged into)
-    a record of a later session. Observations arrive in the order of their session keys as text
-    (session 10 before session 2), not in time."""
-    records = {
-        c.id: [
-            {**{k: r[k] for k in (*MEMORY_FIELDS, "id")}, "session_time": r["time"]}
-            for r in observation_records(c)
-        ]
-        for c in conversations
-    }
-    out = {"records": sum(map(len, records.values())), "filters": {}}
-    for name in UPDATE_FILTERS:
-        memory = Memory({"store": ":memory:", "update": {"candidates": name}}, embedder=embedder)
-        start, older = time.perf_counter(), 0
-        for user, rows in records.items():
-            when = {r["id"]: r["session_time"] for r in rows}
-            for event in memory.add_records(rows, user_id=user):
-                old, new = when.get(event["target"]), when[event["id"]]
-                older += bool(old and new and old > new)
-        seconds = time.perf_counter() - start
-        s = memory.stats
-        out["filters"][name] = {
-            "comparisons": s["embedding_comparisons"],
-            "baseline_comparisons": s["baseline_comparisons"],
-            "reduction": round(1 - s["embedding_comparisons"] / max(s["baseline_comparisons"], 1), 4),
-            "decisions": {a: s[a] for a in ("KEEP_BOTH", "SUPERSEDE", "MERGE")},
-            "older_replaced_newer": older,
-            "seconds": round(seconds, 1),
-        }
-        memory.close()
-    return out
-
-
-def format_update(update: dict) -> list[str]:
-    """The update table: one row per candidate filter."""
-    lines = [
-        f"update on LoCoMo observations ({update['records']:,} records), rule decisions:",
-        "",
-        "| candidates | embedding comparisons | comparing with every record | fewer | KEEP_BOTH | "
-        "SUPERSEDE | MERGE | older replaced newer | s |",
-        "|" + "---|" * 9,
-    ]
-    for name, u in update["filters"].items():
-        d = u["decisions"]
-        lines.append(
-            f"| {name} | {u['comparisons']:,} | {u['baseline_comparisons']:,} | {u['reduction']:.1%} | "
-            f"{d['KEEP_BOTH']:,} | {d['SUPERSEDE']:,} | {d['MERGE']:,} | {u['older_replaced_newer']:,} | "
-            f"{u['seconds']} |"
-        )
-    return lines
-
-
 def format_tables(result: dict) -> str:
     """Latency (each component before -> after, side by side in the run), then fill and size."""
     lines = [
@@ -361,7 +301,6 @@ def format_tables(result: dict) -> str:
         "embedder alone, records/s: "
         + ", ".join(f"{k} {v:,}" for k, v in result["embedding_records_per_s"].items())
     )
-    lines += ["", *format_update(result["update"])]
     return "\n".join(lines)
 
 
@@ -387,16 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locomo", default=str(shared_data("locomo/locomo10.json")))
     parser.add_argument("--workdir", help="where the stores are built (default: a temporary folder, removed)")
     parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--update-only", action="store_true", help="only the update path's table")
     args = parser.parse_args(argv)
 
     embedder = make_embedder()
-    if args.update_only:
-        result = {"update": bench_update(load_conversations("locomo", Path(args.locomo)), embedder)}
-        print("\n".join(format_update(result["update"])))
-        if args.out:
-            write_json(args.out, result)
-        return 0
     before_embedder = make_embedder(
         backend="torch", batch_size=64
     )  # the embedder before: sentence-transformers
@@ -411,7 +343,6 @@ def main(argv: list[str] | None = None) -> int:
         rates[name] = round(min(args.ingest, len(texts)) / (time.perf_counter() - start))
     result = {
         "embedding_records_per_s": rates,
-        "update": bench_update(conversations, embedder),
         "ingest": {},
         "sizes": [],
     }
