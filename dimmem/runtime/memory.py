@@ -12,21 +12,8 @@ argument order: what first, then whose).
 validator passes (the others are reported, not stored), resolves their pointers to conversation turn
 ids and stores them with their source turns through the update path below.
 
-Appending: `add` with a stored `conversation_id` extracts only the turns not stored yet. Messages that
-begin with the whole stored conversation (same roles and texts: a client resending the history) skip
-it; a message whose `id` names a stored turn is that turn (another text under that id: ValueError);
-the rest are new turns, numbered after the stored ones (`S<session>:<n>` as if the whole history had
-been sent at once), windowed after the stored windows (the first new window takes the last `overlap`
-stored turns as context; window indexes, hence record ids `<conversation>/wNNNN#mK`, continue).
-Stored turns are never rewritten: records point at them.
-
-Crashes and retries: an add writes its new turns and its windows (pending) in one transaction, then
-each record in its own transaction, then marks the windows done. A killed add leaves pending windows;
-the next add of that conversation (a retry of the same messages, or the next turns) extracts them
-again: what was stored comes back UNCHANGED (record ids are stable), the rest is added, so a retry
-ends where one uninterrupted add would have. A window the extractor gave no answer for stays pending
-and is retried the same way. (A retry without message ids that resends only the last turns, not the
-whole conversation, cannot be told from new turns with the same text: it appends them again.)
+Appending and crashes: `dimmem.runtime.ingest` (an add extracts only the turns not stored yet, and a
+killed add is completed by the next add of the conversation).
 
 Each new record goes through the update path (`dimmem.runtime.update`: few candidates, precise rules or a
 model, time decides which of two records stays, nothing lost). Lifecycle (held by the store): only active
@@ -47,9 +34,7 @@ Threads: a `Memory` may be shared by any number of threads, and no call holds th
   `EMBED_BATCH` texts per model call; the query embeddings of concurrent searches (and an add's batch)
   that queue behind one call share the next.
 - Extraction (model calls) holds neither; the tokenizer and stats have their own lock.
-- A search embeds its query and runs the dense path in a helper thread while it runs the lexical and
-  dimension paths under the store lock; the dense path takes no store lock where the store reads its
-  vectors through a connection of its own (`RecordLog.concurrent_dense`).
+- A search embeds its query and runs the dense path in a helper thread (`dimmem.runtime.search`).
 So a search waits at most for one batch's write or one embedding batch, never for a whole add. Other
 processes writing the same file are serialized by SQLite (`BEGIN IMMEDIATE`, busy timeout); writers of
 one user on Postgres, in any process, by the user's row lock (`stores.postgres`).
@@ -60,33 +45,29 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
-from itertools import groupby
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dimmem.config import validate_config
-from dimmem.contract.conversation import Conversation, Turn
-from dimmem.contract.loaders._fields import Record
-from dimmem.contract.loaders.chat_jsonl import NOT_DIALOGUE, conversation_from_messages
+from dimmem.contract.conversation import Conversation
 from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import TurnScope, validate
-from dimmem.contract.windows import Window, _fit, make_windows
 from dimmem.runtime.config import MemoryConfig, load_memory_config
 from dimmem.runtime.consolidate import MEMORY_FIELDS
 from dimmem.runtime.embed import Batcher, TextEncoder
-from dimmem.runtime.extractors import Extractor, keep_valid
-from dimmem.runtime.query import lexical_terms
-from dimmem.runtime.retrieval import Hit, dimension_path, fuse
+from dimmem.runtime.extractors import Extractor
+from dimmem.runtime.ingest import Extraction, Ingest, parse_messages
+from dimmem.runtime.retrieval import Hit
+from dimmem.runtime.search import Searcher
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
 from dimmem.runtime.stores.log import RESTORABLE, STATUSES_LEFT
@@ -95,16 +76,9 @@ from dimmem.runtime.update import UpdatePath
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
 
 EMBED_BATCH = 64  # texts per embedder call: the longest a search waits for the embedder
-SEARCH_HELPERS = 8  # threads embedding concurrent searches' queries (what queues there, the Batcher folds)
-
-
-@dataclass
-class Extraction:
-    conversation: Conversation
-    windows: int
-    records: list[dict]  # valid memories, pointers resolved to conversation turn ids
-    rejected: list[str] = field(default_factory=list)  # memories the validator refused, with the reasons
-    failed: dict[str, str] = field(default_factory=dict)  # window id -> why the extractor gave no answer
+SEARCH_HELPERS = (
+    8  # threads embedding concurrent searches' queries and adds' next batches (the Batcher folds)
+)
 
 
 @dataclass
@@ -168,7 +142,6 @@ class Memory:
         self.query_parser = query_parser or config.build_query_parser(client)
         self.count_tokens = config.build_token_counter()
         self.stats: Counter = Counter()
-        self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
         # the one SQLite connection: held per batch write or read; a pooled store (Postgres) serializes
         # nothing here (its transactions lock one user's writes in the database)
         self._store_lock: AbstractContextManager = (
@@ -183,8 +156,14 @@ class Memory:
             self._encode,
             self.stats,
         )
-        # searches' query embeddings, overlapping their other paths (threads start on first use)
-        self._helpers = ThreadPoolExecutor(max_workers=SEARCH_HELPERS, thread_name_prefix="dimmem-search")
+        # query embeddings of searches and the next batch's embeddings of adds, beside the store work
+        self._helpers = ThreadPoolExecutor(max_workers=SEARCH_HELPERS, thread_name_prefix="dimmem-helper")
+        self.searcher = Searcher(
+            self.store, config.retrieval, self._encode, self._store_lock, self.stats, self._helpers
+        )
+        self.ingest = Ingest(
+            self.store, config.windows, self.extractor, self.count_tokens, self._store_lock, self.stats
+        )
 
     @property
     def consolidator(self) -> Callable[[dict, dict, float], dict]:
@@ -204,110 +183,23 @@ class Memory:
         return cls(load_memory_config(path, overrides, **fields))
 
     # --- writes -------------------------------------------------------------------------------------
+    def extract(self, messages: list[dict] | Conversation, conversation_id: str | None = None) -> Extraction:
+        """Windows -> extractor -> validator -> pointers resolved, without storing anything."""
+        conversation, _ = parse_messages(messages, conversation_id)
+        return self.ingest.extract(conversation)
+
     def add(
         self, messages: list[dict] | Conversation, *, user_id: str, conversation_id: str | None = None
     ) -> AddResult:
         """Extract memories from the conversation's turns not stored yet (OpenAI-style messages or a
         Conversation) and store them for the user, with the turns; see the module docstring for appending
         and retries. `windows` in the result counts the windows extracted by this call."""
-        conversation, given = _parse(messages, conversation_id)
-        windows = self._plan(user_id, conversation, given)
-        extraction = self._extract(conversation, windows)
+        conversation, given = parse_messages(messages, conversation_id)
+        windows = self.ingest.plan(user_id, conversation, given)
+        extraction = self.ingest.extract_windows(conversation, windows)
         events = self._write(user_id, extraction.records, consolidate=True)
-        with self._store_lock, self.store.transaction():  # a failed window stays pending: retried next add
-            self.store.conversations.window_done(
-                user_id, conversation.id, [w.index for w in windows if w.id not in extraction.failed]
-            )
+        self.ingest.done(user_id, conversation.id, windows, extraction)
         return AddResult(conversation.id, len(windows), events, extraction.rejected, extraction.failed)
-
-    def extract(self, messages: list[dict] | Conversation, conversation_id: str | None = None) -> Extraction:
-        """Windows -> extractor -> validator -> pointers resolved, without storing anything."""
-        conversation, _ = _parse(messages, conversation_id)
-        w = self.config.windows
-        with self._extract_lock:
-            windows = make_windows(conversation, w.window, w.overlap, w.max_tokens, self.count_tokens)
-        return self._extract(conversation, windows)
-
-    def _extract(self, conversation: Conversation, windows: list[Window]) -> Extraction:
-        answers = self.extractor(windows) if windows else {}
-        records, rejected, failed, n_bad = [], [], {}, 0
-        for window in windows:
-            kept = keep_valid(window, answers[window.id])
-            if kept.failure is not None:
-                failed[window.id] = kept.failure
-                continue
-            rejected += [f"{window.id}: {issue}" for issue in kept.issues]
-            records += kept.records
-            n_bad += len(kept.rejected)
-        with self._extract_lock:
-            self.stats["rejected_memories"] += n_bad
-            self.stats["windows"] += len(windows)
-            self.stats["failed_windows"] += len(failed)
-        return Extraction(conversation, len(windows), records, rejected, failed)
-
-    def _plan(self, user_id: str, conversation: Conversation, given: list[tuple[bool, bool]]) -> list[Window]:
-        """Store the conversation's new turns and their windows (pending) in one transaction; the windows
-        to extract: those, and any left pending by an add that did not finish."""
-        for _ in range(10):  # planned outside the lock; redone if another add changed the conversation
-            with self._store_lock:
-                stored = self.store.conversations.turns(user_id, conversation.id)
-                first_index = self.store.conversations.next_window_index(user_id, conversation.id)
-            new = _new_turns(conversation, given, stored)
-            windows = self._windows(conversation.id, stored, new, first_index) if new else []
-            with self._store_lock, self.store.transaction():
-                if (
-                    self.store.conversations.turn_count(user_id, conversation.id),
-                    self.store.conversations.next_window_index(user_id, conversation.id),
-                ) != (len(stored), first_index):
-                    continue
-                self.store.conversations.put_turns(user_id, conversation.id, new)
-                self.store.conversations.put_windows(user_id, windows)
-                pending = self.store.conversations.pending_windows(user_id, conversation.id)
-            turns, planned = {t.id: t for t in [*stored, *new]}, {w.index: w for w in windows}
-            return [
-                planned.get(i)
-                or Window(conversation.id, i, tuple(turns[t] for t in context), tuple(turns[t] for t in ids))
-                for i, context, ids in pending
-            ]
-        raise RuntimeError(
-            f"conversation {conversation.id!r} kept changing while this add planned its windows"
-        )
-
-    def _windows(
-        self, conversation_id: str, stored: list[Turn], new: list[Turn], first_index: int
-    ) -> list[Window]:
-        """Windows over the new turns, indexes from `first_index`, the first one with up to `overlap` stored
-        turns as context (the same rules as `make_windows`, which windows a new conversation)."""
-        w = self.config.windows
-        with self._extract_lock:
-            if not stored:
-                windows = make_windows(
-                    Conversation(conversation_id, new), w.window, w.overlap, w.max_tokens, self.count_tokens
-                )
-                return [replace(win, index=first_index + win.index) for win in windows]
-            turns = stored[len(stored) - w.overlap :] + new if w.overlap else list(new)
-            start, windows = len(turns) - len(new), []
-            while start < len(turns):
-                n_context = min(w.overlap, start)
-                n_new = min(w.window - n_context, len(turns) - start)
-
-                def build(
-                    n_ctx: int, n_new: int, start: int = start, index: int = first_index + len(windows)
-                ):
-                    return Window(
-                        conversation_id,
-                        index,
-                        tuple(turns[start - n_ctx : start]),
-                        tuple(turns[start : start + n_new]),
-                    )
-
-                if w.max_tokens is not None:
-                    win = _fit(build, n_context, n_new, w.max_tokens, self.count_tokens)
-                else:
-                    win = build(n_context, n_new)
-                windows.append(win)
-                start += len(win.new)
-            return windows
 
     def add_records(
         self,
@@ -488,42 +380,15 @@ class Memory:
         reference_date: str | None = None,
         parsed: dict | None = None,
     ) -> SearchResult:
+        """The user's `k` best records for the query (parsed by the query parser unless `parsed` is given):
+        three paths fused (`dimmem.runtime.search`), with the assistant's replies when the query asks."""
         parsed = parsed or self.query_parser(query, reference_date)
-        paths = self.paths(query, user_id, parsed)
-        with self._store_lock:
-            retrieval = self.config.retrieval
-            hits = fuse(
-                self.store, user_id, paths, parsed, k, retrieval.weights, retrieval.fusion, retrieval.dedup_k
-            )
-            self.stats["searches"] += 1
-            context = []
-            if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
-                self.stats["assistant_recalls"] += 1
-                for hit in hits:
-                    if hit.record.get("conversation_id"):
-                        context += self.store.conversations.assistant_replies(
-                            user_id, hit.record["conversation_id"], hit.record["source_turns"]
-                        )
+        hits, context = self.searcher.search(query, user_id, parsed, k)
         return SearchResult(parsed, hits, context)
 
     def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
-        """Each retrieval path's ranking on its own: [(record id, score)], best first. The query's
-        embedding (unless given) is computed by a helper thread while the lexical and dimension paths
-        run: they need no vector. The dense path follows the embedding in that thread, under no lock of
-        this runtime's where the store allows it (`RecordLog.concurrent_dense`)."""
-        depth = self.config.retrieval.depth
-        dense_lock = nullcontext() if self.store.concurrent_dense else self._store_lock
-
-        def dense() -> list[tuple[str, float]]:
-            vector = self._encode([query])[0] if query_vector is None else query_vector
-            with dense_lock:
-                return self.store.lookup.dense(user_id, vector, depth)
-
-        pending = self._helpers.submit(dense)
-        with self._store_lock:
-            bm25 = self.store.lookup.lexical(user_id, lexical_terms(query), depth)
-            dimension = dimension_path(self.store, user_id, parsed, depth)
-        return {"bm25": bm25, "dense": pending.result(), "dimension": dimension}
+        """Each retrieval path's ranking on its own: [(record id, score)], best first."""
+        return self.searcher.paths(query, user_id, parsed, query_vector)
 
     def close(self) -> None:
         """Close the store (its connection or pool) and the helper threads."""
@@ -559,75 +424,6 @@ def _record_issues(record: Any) -> list[str]:
     scope = TurnScope({t: memory["speaker"] for t in turns}, frozenset(turns))
     issues = validate("extract", {"memories": [memory]}, scope).issues
     return [str(issue).removeprefix("memories[0].") for issue in issues]
-
-
-def _parse(messages: list[dict] | Conversation, conversation_id: str | None) -> tuple[Conversation, list]:
-    """The conversation, and for each turn whether the client gave its (id, session): a Conversation gives
-    both; a message without `id` or `session_id` gets them numbered (`S<session>:<n>`)."""
-    if isinstance(messages, Conversation):
-        return messages, [(True, True)] * len(messages.turns)
-    # without an id, the same messages added twice are the same conversation
-    text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
-    digest = "c-" + hashlib.sha256(text.encode()).hexdigest()[:12]
-    conversation = conversation_from_messages(
-        {"messages": messages, "id": conversation_id or digest}, Record("messages", "request"), digest
-    )
-    dialogue = [m for m in messages if m.get("role") not in NOT_DIALOGUE]  # one turn each, in order
-    return conversation, [(m.get("id") is not None, m.get("session_id") is not None) for m in dialogue]
-
-
-def _same(a: Turn, b: Turn) -> bool:
-    return (a.role, a.text) == (b.role, b.text)
-
-
-def _generated_session(session_id: str) -> bool:
-    return re.fullmatch(r"S\d+", session_id) is not None
-
-
-def _new_turns(conversation: Conversation, given: list[tuple[bool, bool]], stored: list[Turn]) -> list[Turn]:
-    """The conversation's turns not stored yet, with ids that continue the stored numbering."""
-    turns = list(zip(conversation.turns, given))
-    if stored and len(turns) >= len(stored) and all(map(_same, stored, (t for t, _ in turns))):
-        turns = turns[len(stored) :]  # the whole stored conversation resent: only what follows is new
-    by_id = {t.id: t for t in stored}
-    fresh = []
-    for turn, (id_given, session_given) in turns:
-        if id_given and turn.id in by_id:  # a stored turn named by its id
-            if not _same(by_id[turn.id], turn):
-                raise ValueError(
-                    f"conversation {conversation.id!r}: turn {turn.id!r} is stored with other text; stored "
-                    "turns are never rewritten (records point at them): give the new turn a new id"
-                )
-            continue
-        fresh.append((turn, id_given, session_given))
-    if not fresh:
-        return []
-    # number generated ids as if the whole history had been sent at once
-    sessions = [(sid, len(list(group))) for sid, group in groupby(stored, key=lambda t: t.session_id)]
-    number = len(sessions)
-    last = stored[-1] if stored else None
-    used, out = set(by_id), []
-    for j, (sid, group) in enumerate(groupby(fresh, key=lambda x: x[0].session_id)):
-        group = list(group)
-        session_given = group[0][2]
-        continues = (
-            j == 0
-            and last is not None
-            and (sid == last.session_id if session_given else _generated_session(last.session_id))
-        )
-        if continues:
-            offset, session_id, session_time = sessions[-1][1], last.session_id, last.session_time
-        else:
-            number += 1
-            offset, session_time = 0, group[0][0].session_time
-            session_id = sid if session_given else f"S{number}"
-        for k, (turn, id_given, _) in enumerate(group, start=1):
-            turn_id = turn.id if id_given else f"S{number}:{offset + k}"
-            if turn_id in used:
-                raise ValueError(f"conversation {conversation.id!r}: turn id {turn_id!r} given twice")
-            used.add(turn_id)
-            out.append(replace(turn, id=turn_id, session_id=session_id, session_time=session_time))
-    return out
 
 
 def _encode_cursor(record: dict) -> str:
