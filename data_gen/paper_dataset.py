@@ -20,8 +20,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_gen.config import SplitConfig
 from data_gen.dataset import build_dataset, dataset_card, quarantine_reasons, write_outputs
 from data_gen.jobs import Job
@@ -39,6 +37,7 @@ from dimmem.contract.paper_format import (
 from dimmem.contract.prompts import extract_messages, load_prompt
 from dimmem.contract.validate import validate
 from dimmem.contract.windows import Window, job_windows
+from dimmem.progress import progress
 
 _VARIANT = re.compile(r"_v\d+$")
 _LOCOMO_TEMPLATE = re.compile(r"conv-?(\d+)", re.IGNORECASE)
@@ -250,7 +249,7 @@ def import_paper(
         raise ValueError(f"{source}: no row is a window in the DimMem authors' layout ({first})")
     prompt = load_prompt("extract")
     outcomes, rules = [], Counter()
-    for read in tqdm(reads, desc="importing", unit="row", disable=not show_progress or None):
+    for read in progress(reads, desc="importing", unit="row", enabled=show_progress):
         outcome, broken = _outcome(read, fmt, prompt)
         outcomes.append(outcome)
         rules += broken

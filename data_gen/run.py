@@ -8,8 +8,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_gen import batch as batch_api
 from data_gen.augment import base_id
 from data_gen.batch import BatchClient
@@ -25,6 +23,7 @@ from dimmem.contract.conversation import Conversation
 from dimmem.contract.loaders import LOADERS, conversation_from_messages, load_conversations
 from dimmem.contract.loaders._fields import Record
 from dimmem.llm import ModelClient, Usage
+from dimmem.progress import progress
 
 
 def load_source(cfg: DatagenConfig) -> tuple[list[Conversation], list | None]:
@@ -122,7 +121,7 @@ class Progress:
     """A progress bar with rate, ETA, money spent and quarantine count."""
 
     def __init__(self, total: int, desc: str, usage: Usage, enabled: bool):
-        self.bar = tqdm(total=total, desc=desc, unit="job", disable=not enabled or None)
+        self.bar = progress(total=total, desc=desc, unit="job", enabled=enabled)
         self.usage, self.quarantined = usage, 0
 
     def __call__(self, outcome: Outcome | None) -> None:

@@ -21,14 +21,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
 from dimmem.cache import Completion, ResponseCache, digest
 from dimmem.contract.formats import ExtractFormat, extract_format
 from dimmem.contract.validate import TurnScope
 from dimmem.contract.windows import Window, job_windows
 from dimmem.llm import FatalModelError, ModelClient, ModelError, UnreachableError
 from dimmem.paths import dataset_folder
+from dimmem.progress import progress
 from eval.metrics import aggregate, score_window
 
 if TYPE_CHECKING:
@@ -119,9 +118,7 @@ def predict_endpoint(
             return Prediction(ref.window_id, "", error=f"{ref.window_id}: {exc}")
 
     with ThreadPoolExecutor(max_workers=client.config.concurrency) as pool:
-        results = list(
-            tqdm(pool.map(one, refs), total=len(refs), desc="generating", unit="window", disable=None)
-        )
+        results = list(progress(pool.map(one, refs), total=len(refs), desc="generating", unit="window"))
     return {p.window_id: p for p in results}
 
 
@@ -160,7 +157,7 @@ def predict_hf(
     todo.sort(
         key=lambda item: len(item[1].messages[-1]["content"])
     )  # similar lengths share a batch: less padding
-    with tqdm(total=len(todo), desc="generating", unit="window", disable=None) as bar:
+    with progress(total=len(todo), desc="generating", unit="window") as bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
             inputs = tokenizer(

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from tqdm import tqdm
 
 from dimmem.cache import Completion
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.prompts import PromptTemplate, human_date
 from dimmem.llm import ModelClient
+from dimmem.progress import progress
 from dimmem.runtime.labels import label_memories
 from dimmem.runtime.memory import Memory
 from eval.metrics import token_f1, tokens
@@ -175,11 +175,10 @@ def run_qa(
     rows, search_seconds, ingested = [], [], 0
     todo = [(conv, q) for conv in conversations for q in questions(conv, benchmark, categories)][:limit]
     needed = list(dict.fromkeys(conv.id for conv, _ in todo))
-    for conv in tqdm(
+    for conv in progress(
         [c for c in conversations if c.id in needed and not full_context],
         desc="ingesting",
         unit="conv",
-        disable=None,
     ):
         if memory.store.conversations.has_turns(conv.id):
             continue  # already in the store from an earlier (interrupted) run
@@ -189,8 +188,8 @@ def run_qa(
             memory.add(conv, user_id=conv.id)
         ingested += 1
     template = prompts()
-    for run, (conv, q) in tqdm(
-        [(r, item) for r in range(runs) for item in todo], desc="answering", unit="question", disable=None
+    for run, (conv, q) in progress(
+        [(r, item) for r in range(runs) for item in todo], desc="answering", unit="question"
     ):
         salt = run or None  # run 0 is the request a single run makes (its cache entries stay valid)
         if full_context:

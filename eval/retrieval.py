@@ -22,12 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from dimmem.contract.annotations import conversation_gold
 from dimmem.contract.conversation import Conversation
 from dimmem.contract.loaders import load_conversations
 from dimmem.contract.records import memory_record
+from dimmem.progress import progress
 from dimmem.runtime.extractors import turn_memory
 from dimmem.runtime.labels import label_memories
 from dimmem.runtime.memory import Memory
@@ -198,7 +198,7 @@ def run_locomo(
     per_category: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     samples: list[dict] = []
     recalls = 0  # questions whose parse asks for the assistant's replies
-    for conv in tqdm(conversations, desc="conversations", unit="conv", disable=None):
+    for conv in progress(conversations, desc="conversations", unit="conv"):
         records = (
             turn_records(conv)
             if memories == "turns"

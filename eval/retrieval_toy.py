@@ -32,13 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from dimmem.cache import ResponseCache
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.toyworld import ToyDialogue, generate_world
 from dimmem.contract.validate import parse_json
 from dimmem.contract.windows import Window
+from dimmem.progress import progress
 from dimmem.runtime.embed import TextEncoder
 from dimmem.runtime.memory import Memory
 from eval.retrieval import (
@@ -275,7 +275,7 @@ def run_toy(
         result["assistant_recall"] = run_assistant_recall(
             cfg.assistant_chats, cfg.seed, k, fresh_memory, count_tokens, others
         )
-    for name, by_conversation, consolidate in tqdm(plans, desc="memory sets", unit="set", disable=None):
+    for name, by_conversation, consolidate in progress(plans, desc="memory sets", unit="set"):
         # consolidate: False (stored as given), True (the runtime's rules) or a consolidator
         memory = fresh_memory(consolidator=None if isinstance(consolidate, bool) else consolidate)
         try:

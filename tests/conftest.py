@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +11,50 @@ from dimmem.contract.conversation import Conversation, Turn
 from dimmem.paths import shared_data
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub: everything they load is local
+SESSIONS = Path(tempfile.gettempdir()) / "dimmem-pytest"
+
+
+def pytest_configure(config):
+    """Each session its own temporary folder, named by its process. pytest's numbered folders are shared
+    and rotated: a second session on the machine would delete the first one's (its embedded Postgres
+    included). Folders of sessions no longer running are removed."""
+    if config.option.basetemp is not None:
+        return
+    SESSIONS.mkdir(exist_ok=True)
+    for folder in SESSIONS.iterdir():
+        if folder.name.isdigit() and not _running(int(folder.name)):
+            shutil.rmtree(folder, ignore_errors=True)
+    config.option.basetemp = str(SESSIONS / str(os.getpid()))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No process a test started outlives the session: any still running is stopped, named, and fails
+    the run."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    if not left:
+        return
+    names = []
+    for child in left:
+        try:
+            names.append(" ".join(child.cmdline())[:200])
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+    if names:
+        print("\nprocesses the tests started and left running (stopped now):\n  " + "\n  ".join(names))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

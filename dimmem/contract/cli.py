@@ -62,13 +62,12 @@ def window_config(args: argparse.Namespace) -> WindowConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from dimmem.contract.loaders import load_conversations
     from dimmem.contract.prompts import extract_prompt_counter, load_prompt
     from dimmem.contract.window_stats import format_stats, window_stats
     from dimmem.contract.windows import window_conversations
     from dimmem.paths import write_json
+    from dimmem.progress import progress
 
     cfg = window_config(args)
     conversations = load_conversations(
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     )  # bad input fails before the slow tokenizer load
     template = load_prompt("extract")
     windows = window_conversations(
-        tqdm(conversations, desc="windowing", unit="conv", disable=None),
+        progress(conversations, desc="windowing", unit="conv"),
         cfg.window,
         cfg.overlap,
         cfg.max_tokens,

@@ -99,15 +99,14 @@ def _print_update_stats(memory) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from dimmem.contract.loaders import load_conversations
+    from dimmem.progress import progress
     from dimmem.runtime.stores import redacted
 
     conversations = load_conversations(args.format, args.input)[: args.limit]
     memory = _runtime(args)
     stored = 0
-    for conv in tqdm(conversations, desc="adding", unit="conv", disable=None):
+    for conv in progress(conversations, desc="adding", unit="conv"):
         result = memory.add(conv, user_id=args.user or conv.id)
         stored += sum(e["action"] != "UNCHANGED" for e in result.events)
         for why in [*result.failed.values(), *result.rejected]:
@@ -122,14 +121,13 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_load(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    from dimmem.progress import progress
     from dimmem.runtime.labels import label_memories
     from dimmem.runtime.stores import redacted
 
     by_user = label_memories(args.labels)  # bad input fails before the slow embedder load
     memory = _runtime(args)
-    for user, records in tqdm(by_user.items(), desc="loading", unit="user", disable=None):
+    for user, records in progress(by_user.items(), desc="loading", unit="user"):
         memory.add_records(records, user_id=user)
     print(
         f"{sum(map(len, by_user.values()))} records for {len(by_user)} users into "
@@ -214,8 +212,7 @@ def copy_store(source_url: str, target_url: str, *, force: bool = False, progres
     with their versions and timestamps, history, turns, windows, the active records' vectors. A target
     holding any user is refused unless `force` (then the copied users' rows there are replaced). Returns
     how many users were copied."""
-    from tqdm import tqdm
-
+    from dimmem.progress import progress as bar
     from dimmem.runtime.stores import open_store, redacted, transfer
 
     if source_url == target_url:
@@ -231,7 +228,7 @@ def copy_store(source_url: str, target_url: str, *, force: bool = False, progres
                     "copy into an empty store, or pass --force to replace the copied users' rows there"
                 )
             users = transfer.users(source)
-            for user in tqdm(users, desc="copying", unit="user", disable=None if progress else True):
+            for user in bar(users, desc="copying", unit="user", enabled=progress):
                 transfer.load(target, user, transfer.dump(source, user), replace=force)
             return len(users)
         finally:
