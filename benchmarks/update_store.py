@@ -11,28 +11,15 @@ Each store first takes `--records / 2` records (warm-up, not timed), then `--rec
 from __future__ import annotations
 
 import argparse
-import hashlib
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.runtime import backends, synthetic
+from devtools.hashing_embedder import HashingEmbedder
 from dimmem.contract.loaders import load_conversations
 from dimmem.paths import shared_data
 from dimmem.runtime.memory import Memory
-
-
-class HashingEmbedder:
-    """Each word hashed to one of 384 dimensions, unit length: similar texts are close, at no model cost."""
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), 384), dtype=np.float32)
-        for i, text in enumerate(texts):
-            for word in text.lower().split():
-                out[i, int(hashlib.md5(word.encode()).hexdigest()[:6], 16) % 384] += 1
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,9 +11,11 @@ LOG_EVERY = 30.0  # seconds between progress lines off a terminal
 
 
 class _Lines(tqdm):
-    """tqdm that writes each refresh as a line of its own."""
+    """tqdm that writes each refresh as a line of its own, once there is progress to tell."""
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if not self.n:  # the 0% line at the start, or a bar closed by an error before any step
+            return True
         self.fp.write((msg or str(self)).strip() + "\n")
         self.fp.flush()
         return True

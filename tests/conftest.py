@@ -68,6 +68,14 @@ def memorybank_path():
 
 
 @pytest.fixture(scope="session")
+def embedder():
+    """The runtime's default embedder (ONNX all-MiniLM-L6-v2), loaded once for the session."""
+    from dimmem.runtime.embed import make_embedder
+
+    return make_embedder()
+
+
+@pytest.fixture(scope="session")
 def qwen3_tokenizer():
     from dimmem.contract.tokens import load_tokenizer
 

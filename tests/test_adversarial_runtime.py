@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import random
-import re
 import signal
 import sqlite3
 import subprocess
@@ -16,12 +15,11 @@ import sys
 import textwrap
 import threading
 import time
-import zlib
 from datetime import date
 
-import numpy as np
 import pytest
 
+from devtools.hashing_embedder import HashingEmbedder
 from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.runtime.memory import EMBED_BATCH, Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules, parse_time
@@ -33,31 +31,7 @@ from dimmem.runtime.stores.sqlite import SQLiteStore
 
 @pytest.fixture(scope="module")
 def words():
-    return WordEmbedder()
-
-
-@pytest.fixture(scope="module")
-def embedder():
-    from dimmem.runtime.embed import make_embedder
-
-    return make_embedder()
-
-
-class WordEmbedder:
-    """A fast stand-in for MiniLM where only the store's state matters: hashed bag of words, unit length;
-    `seconds_per_text` makes it as slow as a real model on a small CPU (sleeping, as torch releases the
-    GIL)."""
-
-    def __init__(self, seconds_per_text: float = 0.0):
-        self.seconds_per_text = seconds_per_text
-
-    def encode(self, texts):
-        time.sleep(self.seconds_per_text * len(texts))
-        out = np.zeros((len(texts), 384), dtype=np.float32)  # MiniLM's width, as the Postgres column
-        for row, text in enumerate(texts):
-            for word in re.findall(r"\w+", text.lower()):
-                out[row, zlib.crc32(word.encode()) % 384] += 1
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+    return HashingEmbedder()
 
 
 def rec(id, content, **fields):
@@ -445,10 +419,10 @@ KILLED_ADD = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, sys.argv[3])
-    from test_adversarial_runtime import WordEmbedder
+    from test_adversarial_runtime import HashingEmbedder
     from dimmem.runtime.memory import Memory
     memory = Memory(
-        {"store": sys.argv[1], "windows": {"window": 4, "overlap": 1}}, embedder=WordEmbedder(0.004)
+        {"store": sys.argv[1], "windows": {"window": 4, "overlap": 1}}, embedder=HashingEmbedder(0.004)
     )
     print("ready", flush=True)
     with open(sys.argv[2], encoding="utf-8") as messages:
@@ -515,7 +489,7 @@ def test_searches_keep_answering_while_another_thread_adds_a_large_conversation(
 ):
     """No call holds the store or the embedder for a whole add: the worst search latency during a large
     add is a small part of the add's duration, and no embedder call takes more than EMBED_BATCH texts."""
-    embedder = WordEmbedder(0.005) if model == "slow words" else request.getfixturevalue("embedder")
+    embedder = HashingEmbedder(0.005) if model == "slow words" else request.getfixturevalue("embedder")
     counting = CountingEmbedder(embedder)
     memory = memory_factory(embedder=counting)
     memory.add(chat(20, start=10_000), user_id="bob")

@@ -17,6 +17,7 @@ from dimmem.contract.loaders import load_conversations
 from dimmem.paths import REPO_ROOT
 from dimmem.runtime.config import MemoryConfig
 from dimmem.runtime.embed import (
+    WIDTH,
     Batcher,
     Embedder,
     OnnxEmbedder,
@@ -47,7 +48,7 @@ def test_onnx_vectors_are_sentence_transformers_vectors(turns, reference):
     # the order of the texts and their batching change nothing
     one_by_one = np.stack([OnnxEmbedder(batch_size=1).encode([t])[0] for t in turns[:12]])
     assert np.allclose(one_by_one, vectors[:12], atol=1e-5)
-    assert OnnxEmbedder().encode([]).shape == (0, 384)
+    assert OnnxEmbedder().encode([]).shape == (0, WIDTH) == (0, 384)
 
 
 def test_int8_vectors_stay_close(turns, reference):

@@ -54,13 +54,6 @@ JAZZ = rec(
 )
 
 
-@pytest.fixture(scope="module")
-def embedder():
-    from dimmem.runtime.embed import make_embedder
-
-    return make_embedder()
-
-
 @pytest.fixture
 def memory(embedder, memory_factory):
     return memory_factory(embedder=embedder)
@@ -427,7 +420,7 @@ WRITER = textwrap.dedent("""
         rec = {"id": f"{user}-{i}", **memory_record(type="fact", speaker="Ann", content=f"fact {i}",
                                                      keywords=["Ann", f"k{i}"], source_turns=["D1:1"])}
         with store.transaction():
-            store.insert(user, rec, np.ones(384, dtype=np.float32) / 384**0.5)
+            store.insert(user, rec, np.ones(WIDTH, dtype=np.float32) / WIDTH**0.5)
             time.sleep(pause)  # inside the transaction: a kill here must leave no partial record
         print(i, flush=True)
 """)

@@ -31,13 +31,6 @@ MESSAGES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def embedder():
-    from dimmem.runtime.embed import make_embedder
-
-    return make_embedder()
-
-
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}  # as configs/memory/served*.yaml set it
 
 

@@ -7,9 +7,11 @@ import zlib
 import numpy as np
 import pytest
 
+from devtools.hashing_embedder import HashingEmbedder
 from dimmem.config import ConfigError
 from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.runtime.config import MemoryConfig
+from dimmem.runtime.embed import WIDTH
 from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import parse_query_rules
 from dimmem.runtime.retrieval import dedup, fuse, normalized_content
@@ -19,7 +21,7 @@ class SameVector:
     """Every text the same unit vector: cosine 1, so only the filter's other steps decide."""
 
     def encode(self, texts):
-        out = np.zeros((len(texts), 384), dtype=np.float32)  # MiniLM's width, as the Postgres column
+        out = np.zeros((len(texts), WIDTH), dtype=np.float32)
         out[:, 0] = 1.0
         return out
 
@@ -28,21 +30,10 @@ class TextVector:
     """Each distinct text its own one-hot vector: cosine 0 between different texts."""
 
     def encode(self, texts):
-        out = np.zeros((len(texts), 384), dtype=np.float32)
+        out = np.zeros((len(texts), WIDTH), dtype=np.float32)
         for row, text in enumerate(texts):
-            out[row, zlib.crc32(text.encode()) % 384] = 1.0
+            out[row, zlib.crc32(text.encode()) % WIDTH] = 1.0
         return out
-
-
-class WordVectors:
-    """Hashed bag of words, unit length: a fast stand-in where retrieval only needs some dense order."""
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), 384), dtype=np.float32)
-        for row, text in enumerate(texts):
-            for word in text.lower().split():
-                out[row, zlib.crc32(word.strip(".,!?").encode()) % 384] += 1
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
 def rec(id, content, keywords, **fields):
@@ -111,7 +102,7 @@ def test_fuse_dedup_drops_duplicate_contents_and_respects_k(memory_factory):
 
 
 def test_search_with_fusion_dedup_follows_the_authors_order(memory_factory):
-    memory = memory_factory({"retrieval": {"fusion": "dedup", "dedup_k": 1}}, embedder=WordVectors())
+    memory = memory_factory({"retrieval": {"fusion": "dedup", "dedup_k": 1}}, embedder=HashingEmbedder())
     memory.add_records(
         [
             rec("jazz", "Bob loves jazz and plays it on Fridays.", ["Bob", "jazz"], type="profile"),

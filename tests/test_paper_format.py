@@ -421,13 +421,6 @@ def test_answers_map_onto_the_contract_and_its_validator_names_what_is_wrong(loc
 
 
 # ---- served: the fake teacher, and the runtime and eval through it -----------------------------------------
-@pytest.fixture(scope="module")
-def embedder():
-    from dimmem.runtime.embed import make_embedder
-
-    return make_embedder()
-
-
 def test_memory_runtime_over_an_extractor_that_speaks_their_format(memory_factory, embedder):
     fake = FakeTeacher()
     config = ModelConfig(base_url="http://fake.test/v1", model="dimmem-4b", max_retries=0)

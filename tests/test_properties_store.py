@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dimmem.contract.records import memory_record
+from dimmem.runtime.embed import WIDTH
 from dimmem.runtime.memory import Memory, RecordStateError
 
 USERS = ("ann", "bob")
@@ -34,14 +35,12 @@ class CachedEmbedder:
         self.encode_one = lru_cache(maxsize=None)(lambda text: embedder.encode([text])[0])
 
     def encode(self, texts):
-        return np.stack([self.encode_one(t) for t in texts]) if texts else np.zeros((0, 384), np.float32)
+        return np.stack([self.encode_one(t) for t in texts]) if texts else np.zeros((0, WIDTH), np.float32)
 
 
 @pytest.fixture(scope="module")
-def embedder():
-    from dimmem.runtime.embed import make_embedder
-
-    return CachedEmbedder(make_embedder())
+def cached(embedder):
+    return CachedEmbedder(embedder)
 
 
 def records(user: str):
@@ -193,9 +192,9 @@ def check_invariants(memory: Memory, model: dict) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(operations, min_size=1, max_size=12))
-def test_random_operation_sequences_keep_the_store_equal_to_the_model(embedder, tmp_path_factory, steps):
+def test_random_operation_sequences_keep_the_store_equal_to_the_model(cached, tmp_path_factory, steps):
     path = tmp_path_factory.mktemp("store") / "m.sqlite"
-    memory = Memory({"store": str(path)}, embedder=embedder)
+    memory = Memory({"store": str(path)}, embedder=cached)
     model: dict = {}
     try:
         for operation in steps:
@@ -259,7 +258,7 @@ def conversation_records():
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=conversation_records(), order=st.randoms(use_true_random=False))
-def test_the_same_records_in_any_order_leave_the_same_active_records(embedder, tmp_path_factory, rows, order):
+def test_the_same_records_in_any_order_leave_the_same_active_records(cached, tmp_path_factory, rows, order):
     """Added in their sessions' order and in a shuffled one, the same records leave the same active
     records: the last place Ann lives in (every earlier one superseded or history of a later one), each
     repeated fact once (the first telling), each fact said once."""
@@ -268,7 +267,7 @@ def test_the_same_records_in_any_order_leave_the_same_active_records(embedder, t
     by_time = sorted(rows, key=lambda r: r["session_time"])
     active = []
     for arrival in (by_time, shuffled):
-        memory = Memory({"store": str(tmp_path_factory.mktemp("order") / "m.sqlite")}, embedder=embedder)
+        memory = Memory({"store": str(tmp_path_factory.mktemp("order") / "m.sqlite")}, embedder=cached)
         try:
             memory.add_records(arrival, user_id="ann")
             active.append({r["id"]: r["content"] for r in memory.store.records("ann")})

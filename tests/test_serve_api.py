@@ -40,13 +40,6 @@ CHAT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def embedder():
-    from dimmem.runtime.embed import make_embedder
-
-    return make_embedder()
-
-
 WORKERS = "postgres, 2 workers"
 CONFIG = ServeConfig(
     tenants=[

@@ -8,8 +8,9 @@ import argparse
 
 import numpy as np
 import pytest
-from test_adversarial_runtime import WordEmbedder, chat, scripted
+from test_adversarial_runtime import chat, scripted
 
+from devtools.hashing_embedder import HashingEmbedder
 from dimmem.contract.windows import Window
 from dimmem.runtime import cli
 from dimmem.runtime.memory import Memory
@@ -45,7 +46,7 @@ def assert_same(a: dict, b: dict) -> None:
 
 def test_round_trip_sqlite_postgres_sqlite_is_lossless(tmp_path, pg_server, capsys):
     source = str(tmp_path / "a.sqlite")
-    memory = Memory({"store": source, "windows": {"window": 4, "overlap": 1}}, embedder=WordEmbedder())
+    memory = Memory({"store": source, "windows": {"window": 4, "overlap": 1}}, embedder=HashingEmbedder())
     memory.add(chat(40), user_id="acme/ann", conversation_id="c1")
     memory.add(chat(6, start=40), user_id="acme/ann", conversation_id="c1")  # an append
     memory.add(chat(10, start=500), user_id="bob", conversation_id="c2")
@@ -78,7 +79,7 @@ def test_round_trip_sqlite_postgres_sqlite_is_lossless(tmp_path, pg_server, caps
 
     # the copies are live stores: every path finds what the source found
     for url in (middle, back):
-        copy = Memory({"store": url}, embedder=WordEmbedder())
+        copy = Memory({"store": url}, embedder=HashingEmbedder())
         hits = copy.search("Which museum did I visit?", user_id="acme/ann", k=5).hits
         assert hits and {"bm25", "dense"} <= set(hits[0].paths)
         assert copy.store.conversations.pending_windows("bob", "c2") == [(99, ["S1:1"], ["S1:2", "S1:3"])]

