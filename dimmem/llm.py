@@ -422,16 +422,17 @@ class ModelClient:
         """The answer, asked again with a larger budget while it is cut off (up to the cap, or what the
         endpoint's context leaves); the last answer comes back even when still cut off (finish_reason
         "length", `max_tokens` the budget it had): the caller decides."""
-        budget, ceiling, last = max_tokens or self.config.max_tokens, self.config.max_tokens_cap, None
+        budgets = self._budgets(task, messages, scope, max_tokens, schema)
+        body = next(budgets)
         while True:
             try:
-                completion = self.send(self.body(task, messages, budget, scope, schema), salt, label)
+                outcome = self.send(body, salt, label)
             except ContextLimitError as exc:
-                budget = ceiling = self._clamp(exc, budget, last)
-                continue
-            if (bigger := self._next_budget(completion, budget, ceiling)) is None:
-                return replace(completion, max_tokens=budget)
-            budget, last = bigger, completion
+                outcome = exc
+            try:
+                body = budgets.send(outcome)
+            except StopIteration as done:
+                return done.value
 
     async def acomplete(
         self,
@@ -441,17 +442,33 @@ class ModelClient:
         max_tokens: int | None = None,
         salt=None,
         label: str = "",
+        schema: dict | None = None,
     ) -> Completion:
-        budget, ceiling, last = max_tokens or self.config.max_tokens, self.config.max_tokens_cap, None
+        """`complete`, awaited: the same budgets, the same requests."""
+        budgets = self._budgets(task, messages, scope, max_tokens, schema)
+        body = next(budgets)
         while True:
             try:
-                completion = await self.asend(self.body(task, messages, budget, scope), salt, label)
+                outcome = await self.asend(body, salt, label)
             except ContextLimitError as exc:
-                budget = ceiling = self._clamp(exc, budget, last)
+                outcome = exc
+            try:
+                body = budgets.send(outcome)
+            except StopIteration as done:
+                return done.value
+
+    def _budgets(self, task, messages, scope, max_tokens, schema):
+        """The truncation policy, once for both ways of asking: yields each request's body, is sent its
+        answer (or the endpoint's ContextLimitError), returns the answer to keep."""
+        budget, ceiling, last = max_tokens or self.config.max_tokens, self.config.max_tokens_cap, None
+        while True:
+            outcome = yield self.body(task, messages, budget, scope, schema)
+            if isinstance(outcome, ContextLimitError):
+                budget = ceiling = self._clamp(outcome, budget, last)
                 continue
-            if (bigger := self._next_budget(completion, budget, ceiling)) is None:
-                return replace(completion, max_tokens=budget)
-            budget, last = bigger, completion
+            if (bigger := self._next_budget(outcome, budget, ceiling)) is None:
+                return replace(outcome, max_tokens=budget)
+            budget, last = bigger, outcome
 
     def _next_budget(self, completion: Completion, budget: int, ceiling: int) -> int | None:
         """Twice the budget for an answer cut off, within the cap and, once the endpoint has said its
