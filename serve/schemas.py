@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.records import MEMORY_TYPES, MemoryRecord, QueryParse
 
 NAME_PATTERN = r"^[A-Za-z0-9_.@:\-]+$"
 MAX_RECORD_ID = 512  # a conversation id (<= 200) + "/<window id>#m<n>", with room to spare
@@ -58,21 +58,43 @@ def _no_null_default(schema: dict) -> None:
             del prop["default"]
 
 
-class UpdateRequest(_Body):
+# what a PATCH may change: every contract field but the pointer and its speaker, each with the service's
+# size limit (a record's content, a dimension, a keyword list)
+_UPDATABLE = {
+    "content": {"min_length": 1, "max_length": 10_000},
+    "type": {},
+    "time": {"max_length": 40},
+    "location": {"max_length": 500},
+    "reason": {"max_length": 2_000},
+    "purpose": {"max_length": 2_000},
+    "keywords": {"max_length": 50},
+}
+
+
+class _Update(_Body):
     """Only the fields given change. `content`, `type` and `keywords` may be omitted but not null;
     `time`, `location`, `reason` and `purpose` may be null (the dimension is cleared)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_no_null_default)
 
     user_id: UserId
-    # a None default is never validated: omitted -> unset; an explicit null is 422, naming the field
-    content: str = Field(default=None, min_length=1, max_length=10_000)
-    type: MemoryType = None
-    time: str | None = Field(default=None, max_length=40)
-    location: str | None = Field(default=None, max_length=500)
-    reason: str | None = Field(default=None, max_length=2_000)
-    purpose: str | None = Field(default=None, max_length=2_000)
-    keywords: list[Annotated[str, Field(max_length=200)]] = Field(default=None, max_length=50)
+
+
+def _updatable(name: str, limits: dict) -> tuple:
+    """The contract field's type (a keyword's length limited too) with the service's limits; a None
+    default is never validated: omitted -> unset, an explicit null on a non-nullable field is 422."""
+    annotation = MemoryRecord.model_fields[name].annotation
+    if name == "keywords":
+        annotation = list[Annotated[str, Field(max_length=200)]]
+    return annotation, Field(default=None, **limits)
+
+
+UpdateRequest = create_model(
+    "UpdateRequest",
+    __base__=_Update,
+    __doc__=_Update.__doc__,
+    **{name: _updatable(name, limits) for name, limits in _UPDATABLE.items()},
+)
 
 
 # --- responses ------------------------------------------------------------------------------------
@@ -80,22 +102,17 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class ExtractedMemory(_Answer):
-    """A record as extraction makes it: the DimMem fields, pointers resolved to conversation turn ids."""
+class ExtractedMemory(MemoryRecord):
+    """A record as extraction makes it: the DimMem fields (the contract's own), pointers resolved to
+    conversation turn ids, and where it came from."""
 
+    model_config = ConfigDict(extra="ignore")
+
+    source_turns: list[str] = Field(description="the conversation turn ids it comes from")
     id: str = Field(description="<conversation id>/<window id>#m<n>, stable across re-runs")
     conversation_id: str | None
     window_id: str | None
     session_time: str | None = Field(description="when the session of its turns took place")
-    type: MemoryType
-    speaker: str
-    content: str
-    time: str | None = Field(description="ISO 8601 date, partial date or interval; null if none")
-    location: str | None
-    reason: str | None
-    purpose: str | None
-    keywords: list[str]
-    source_turns: list[str] = Field(description="the conversation turn ids it comes from")
 
 
 class StoredMemory(ExtractedMemory):
@@ -121,12 +138,10 @@ class Hit(_Answer):
     record: StoredMemory
 
 
-class ParsedQuery(_Answer):
-    target_types: list[MemoryType]
-    time: str | None
-    location: str | None
-    keywords: list[str]
-    need_assistant_context: bool
+class ParsedQuery(QueryParse):
+    """The question as the query parser read it (the contract's `parse_query` answer)."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 class AssistantTurn(_Answer):

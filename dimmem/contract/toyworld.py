@@ -10,11 +10,11 @@ exact: `OracleTeacher` (in `data_gen.oracle`) labels windows from it without any
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, make_dataclass
 from datetime import date, datetime, timedelta
 
 from dimmem.contract.conversation import Conversation, Turn
-from dimmem.contract.records import MEMORY_FIELDS, memory_record
+from dimmem.contract.records import MEMORY_FIELDS, MemoryRecord, memory_record
 
 PEOPLE = [
     ("Alice", "she"),
@@ -156,27 +156,23 @@ REPLIES = [
 ]
 
 
-@dataclass
-class TruthRecord:
-    """A ground-truth memory in global form: source turns are conversation turn ids."""
+def _answer(self, source_turns: list[str]) -> dict:
+    """The record as an extractor answers it, citing the given (window-local) ids."""
+    known = {name: getattr(self, name) for name in MEMORY_FIELDS}
+    return memory_record(**{**known, "source_turns": source_turns, "keywords": list(self.keywords)})
 
-    id: str
-    source_turns: list[str]
-    speaker: str
-    content: str
-    type: str
-    time: str | None
-    location: str | None
-    reason: str | None
-    purpose: str | None
-    keywords: list[str]
-    supersedes: str | None = None  # id of the record this one replaces
 
-    def answer(self, source_turns: list[str]) -> dict:
-        """The record as an extractor answers it, citing the given (window-local) ids (a contract field
-        the toy world does not model stays empty)."""
-        known = {f.name: getattr(self, f.name) for f in fields(self) if f.name in MEMORY_FIELDS}
-        return memory_record(**{**known, "source_turns": source_turns, "keywords": list(self.keywords)})
+# A ground-truth memory in global form (source turns are conversation turn ids): its id, the contract's
+# fields (one definition: `MemoryRecord`), and the id of the record it replaces, if any.
+TruthRecord = make_dataclass(
+    "TruthRecord",
+    [
+        ("id", str),
+        *((name, info.annotation) for name, info in MemoryRecord.model_fields.items()),
+        ("supersedes", str | None, field(default=None)),
+    ],
+    namespace={"answer": _answer, "__doc__": "A ground-truth memory in global form (contract fields)."},
+)
 
 
 @dataclass
@@ -256,17 +252,17 @@ class _Writer:
         supersedes=None,
     ) -> TruthRecord:
         rec = TruthRecord(
-            f"{self.conv_id}#m{len(self.records) + 1}",
-            turns,
-            speaker,
-            content,
-            type_,
-            time,
-            location,
-            reason,
-            purpose,
-            keywords,
-            supersedes,
+            id=f"{self.conv_id}#m{len(self.records) + 1}",
+            source_turns=turns,
+            speaker=speaker,
+            content=content,
+            type=type_,
+            time=time,
+            location=location,
+            reason=reason,
+            purpose=purpose,
+            keywords=keywords,
+            supersedes=supersedes,
         )
         self.records.append(rec)
         return rec
