@@ -86,110 +86,24 @@ class DimmemSFTTrainer(SFTTrainer):
 
 
 def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelConfig, callbacks=None) -> Path:
+    """The run, step by step: the base (built once when the config asks), the recipe's checks, the rows
+    (mixed, tokenized, described), the model, TRL's trainer (resumed when asked), the adapter and the run
+    record."""
     set_seed(sft_args.seed)
     state = PartialState()
-    model_path = model_args.model_name_or_path
-    if dimmem_args.tiny_base is not None:
-        with state.main_process_first():  # one process builds it, the others wait and load it
-            from train.tiny import build_tiny_base, is_built
-
-            if not is_built(model_path, sft_args.seed, **dimmem_args.tiny_base):
-                build_tiny_base(
-                    model_path,
-                    dataset_folder(dimmem_args.dataset_path),
-                    seed=sft_args.seed,
-                    **dimmem_args.tiny_base,
-                )
-    if dimmem_args.gguf_base is not None:
-        with state.main_process_first():
-            from train.gguf_base import build_gguf_base, is_built
-
-            if not is_built(model_path, **dimmem_args.gguf_base):
-                print(f"writing the pretrained base {model_path} from its GGUF file (once)")
-                build_gguf_base(model_path, **dimmem_args.gguf_base)
-    missing = sorted(set(QWEN3_LINEAR) - set(model_args.lora_target_modules or []))
-    if model_args.use_peft and missing and model_args.lora_target_modules != "all-linear":
-        print(f"note: LoRA leaves {missing} frozen; the DimMem recipe adapts all seven projections")
-    check_packing(sft_args, model_args)
-
-    tokenizer = AutoTokenizer.from_pretrained(dimmem_args.tokenizer_name_or_path or model_path)
-    dataset = load_sft_dataset(dimmem_args.dataset_path)
-    train_rows = mix_tasks(dataset["train"], dimmem_args.task_weights, sft_args.seed)
-    eval_rows = (
-        mix_tasks(dataset["validation"], dimmem_args.task_weights, sft_args.seed)
-        if "validation" in dataset
-        else None
+    build_base(dimmem_args, model_args.model_name_or_path, sft_args.seed, state)
+    check_recipe(model_args, sft_args)
+    tokenizer = AutoTokenizer.from_pretrained(
+        dimmem_args.tokenizer_name_or_path or model_args.model_name_or_path
     )
-    with state.main_process_first():  # tokenize once, the other ranks reuse the datasets cache
-        train_set = prepare_split(
-            train_rows, tokenizer, sft_args.max_length, dimmem_args.drop_overlong, "train"
-        )
-        eval_set = (
-            prepare_split(eval_rows, tokenizer, sft_args.max_length, dimmem_args.drop_overlong, "validation")
-            if eval_rows
-            else None
-        )
-    if not len(train_set):
-        raise TrainConfigError(
-            f"{dimmem_args.dataset_path}: no training rows after task mixing {dimmem_args.task_weights}"
-        )
-    if not eval_set or not len(eval_set):
-        eval_set, sft_args.eval_strategy = None, "no"
+    train_set, eval_set, tasks = load_rows(dimmem_args, sft_args, tokenizer, state)
     if state.is_main_process:
-        tokens = sum(len(ids) for ids in train_set["input_ids"])
-        answer = sum(sum(label != -100 for label in labels) for labels in train_set["labels"])
-        print(
-            f"train rows {len(train_set)} {task_counts(train_rows)}; "
-            f"tokens {tokens} ({answer / tokens:.1%} carry loss)"
-        )
-        grouped = sft_args.train_sampling_strategy == "group_by_length"
-        batch = sft_args.per_device_train_batch_size
-        print(
-            f"padding efficiency (batch {batch}, {'length-grouped' if grouped else 'random'} batches): "
-            f"{padding_efficiency(train_set, batch, grouped, sft_args.seed):.1%}"
-            + (", padding-free: 100%" if sft_args.padding_free else "")
-        )
-        if sft_args.max_length:
-            rows_per_bin, fill = packing_fill(train_set, sft_args.max_length)
-            print(
-                f"packing at max_length {sft_args.max_length} ({'on' if sft_args.packing else 'off'}): "
-                f"{rows_per_bin:.1f} rows per bin, bins {fill:.1%} full"
-            )
-
-    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-    # QLoRA (load_in_4bit): the base quantized by bitsandbytes as it loads, onto this rank's GPU
-    quantization = get_quantization_config(model_args)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path,
-        dtype=dtype,
-        attn_implementation=model_args.attn_implementation,
-        quantization_config=quantization,
-        device_map={"": state.local_process_index} if quantization else None,
+        describe_rows(train_set, tasks, sft_args)
+    model = load_model(model_args, state)
+    trainer = make_trainer(
+        model, tokenizer, train_set, eval_set, dimmem_args, sft_args, model_args, callbacks
     )
-    trainer_args = sft_args
-    if sft_args.padding_free and not sft_args.packing:
-        # prepare_split has held every row to max_length; TRL refuses a max_length it would not apply
-        trainer_args = copy.copy(sft_args)
-        trainer_args.max_length = None
-    trainer = DimmemSFTTrainer(
-        model=model,
-        args=trainer_args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-        answer_only_logits=dimmem_args.answer_only_logits,
-    )
-    resume = dimmem_args.resume
-    if resume == "latest":  # the newest checkpoint of output_dir, or a fresh start when it has none
-        from transformers.trainer_utils import get_last_checkpoint
-
-        out_dir = Path(sft_args.output_dir)
-        resume = get_last_checkpoint(str(out_dir)) if out_dir.is_dir() else None
-        if resume:
-            print(f"resuming from {resume}")
-    trainer.train(resume_from_checkpoint=resume)
+    trainer.train(resume_from_checkpoint=resume_point(dimmem_args.resume, sft_args.output_dir))
     out = Path(sft_args.output_dir)
     trainer.save_model(str(out))
     lengths = [len(ids) for ids in train_set["input_ids"]]
@@ -200,35 +114,155 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
     )
     if state.is_main_process:
         print("throughput: " + ", ".join(f"{k} {v}" for k, v in throughput.items()))
-        local = Path(model_path).exists()  # a local base is recorded by absolute path, a Hub one by name
-        run_config = {
-            "base_model": str(Path(model_path).resolve()) if local else model_path,
-            "dimmem": asdict(dimmem_args),
-            "model": {
-                k: v for k, v in asdict(model_args).items() if k.startswith(("lora", "use_", "dtype", "attn"))
-            },
-            "sft": {
-                k: getattr(sft_args, k)
-                for k in (
-                    "learning_rate",
-                    "num_train_epochs",
-                    "max_steps",
-                    "max_length",
-                    "per_device_train_batch_size",
-                    "gradient_accumulation_steps",
-                    "packing",
-                    "padding_free",
-                    "train_sampling_strategy",
-                    "activation_checkpointing",
-                    "use_liger_kernel",
-                    "seed",
-                    "bf16",
-                )
-            },
-            "world_size": state.num_processes,
-            "final_step": trainer.state.global_step,
-            "throughput": throughput,
-        }
-        (out / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, default=str) + "\n")
-        plot_losses(trainer.state.log_history, out / "loss.png", f"{Path(model_path).name} LoRA SFT")
+        write_run_record(out, trainer, throughput, dimmem_args, sft_args, model_args, state.num_processes)
     return out
+
+
+def build_base(dimmem_args: DimmemArguments, model_path: str, seed: int, state: PartialState) -> None:
+    """A tiny random base or a packaged GGUF base written at `model_path` once (one process builds it,
+    the others wait and load it); a folder built from the same spec is reused."""
+    if dimmem_args.tiny_base is not None:
+        with state.main_process_first():
+            from train.tiny import build_tiny_base, is_built
+
+            if not is_built(model_path, seed, **dimmem_args.tiny_base):
+                build_tiny_base(
+                    model_path, dataset_folder(dimmem_args.dataset_path), seed=seed, **dimmem_args.tiny_base
+                )
+    if dimmem_args.gguf_base is not None:
+        with state.main_process_first():
+            from train.gguf_base import build_gguf_base, is_built
+
+            if not is_built(model_path, **dimmem_args.gguf_base):
+                print(f"writing the pretrained base {model_path} from its GGUF file (once)")
+                build_gguf_base(model_path, **dimmem_args.gguf_base)
+
+
+def check_recipe(model_args: ModelConfig, sft_args: SFTConfig) -> None:
+    missing = sorted(set(QWEN3_LINEAR) - set(model_args.lora_target_modules or []))
+    if model_args.use_peft and missing and model_args.lora_target_modules != "all-linear":
+        print(f"note: LoRA leaves {missing} frozen; the DimMem recipe adapts all seven projections")
+    check_packing(sft_args, model_args)
+
+
+def load_rows(dimmem_args: DimmemArguments, sft_args: SFTConfig, tokenizer, state: PartialState):
+    """The training and validation rows, tasks mixed by their weights and tokenized (once: the other
+    ranks reuse the datasets cache); no validation rows turn evaluation off."""
+    dataset = load_sft_dataset(dimmem_args.dataset_path)
+    weights, seed, limit, drop = (
+        dimmem_args.task_weights,
+        sft_args.seed,
+        sft_args.max_length,
+        dimmem_args.drop_overlong,
+    )
+    train_rows = mix_tasks(dataset["train"], weights, seed)
+    eval_rows = mix_tasks(dataset["validation"], weights, seed) if "validation" in dataset else None
+    with state.main_process_first():
+        train_set = prepare_split(train_rows, tokenizer, limit, drop, "train")
+        eval_set = prepare_split(eval_rows, tokenizer, limit, drop, "validation") if eval_rows else None
+    if not len(train_set):
+        raise TrainConfigError(f"{dimmem_args.dataset_path}: no training rows after task mixing {weights}")
+    if not eval_set or not len(eval_set):
+        eval_set, sft_args.eval_strategy = None, "no"
+    return train_set, eval_set, task_counts(train_rows)
+
+
+def describe_rows(train_set, tasks: dict, sft_args: SFTConfig) -> None:
+    """What the rows cost: tokens and the share that carries loss, padding and packing."""
+    tokens = sum(len(ids) for ids in train_set["input_ids"])
+    answer = sum(sum(label != -100 for label in labels) for labels in train_set["labels"])
+    print(f"train rows {len(train_set)} {tasks}; tokens {tokens} ({answer / tokens:.1%} carry loss)")
+    grouped = sft_args.train_sampling_strategy == "group_by_length"
+    batch = sft_args.per_device_train_batch_size
+    print(
+        f"padding efficiency (batch {batch}, {'length-grouped' if grouped else 'random'} batches): "
+        f"{padding_efficiency(train_set, batch, grouped, sft_args.seed):.1%}"
+        + (", padding-free: 100%" if sft_args.padding_free else "")
+    )
+    if sft_args.max_length:
+        rows_per_bin, fill = packing_fill(train_set, sft_args.max_length)
+        print(
+            f"packing at max_length {sft_args.max_length} ({'on' if sft_args.packing else 'off'}): "
+            f"{rows_per_bin:.1f} rows per bin, bins {fill:.1%} full"
+        )
+
+
+def load_model(model_args: ModelConfig, state: PartialState):
+    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    # QLoRA (load_in_4bit): the base quantized by bitsandbytes as it loads, onto this rank's GPU
+    quantization = get_quantization_config(model_args)
+    return AutoModelForCausalLM.from_pretrained(
+        model_args.model_name_or_path,
+        dtype=dtype,
+        attn_implementation=model_args.attn_implementation,
+        quantization_config=quantization,
+        device_map={"": state.local_process_index} if quantization else None,
+    )
+
+
+def make_trainer(model, tokenizer, train_set, eval_set, dimmem_args, sft_args, model_args, callbacks):
+    trainer_args = sft_args
+    if sft_args.padding_free and not sft_args.packing:
+        # prepare_split has held every row to max_length; TRL refuses a max_length it would not apply
+        trainer_args = copy.copy(sft_args)
+        trainer_args.max_length = None
+    return DimmemSFTTrainer(
+        model=model,
+        args=trainer_args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        callbacks=callbacks,
+        answer_only_logits=dimmem_args.answer_only_logits,
+    )
+
+
+def resume_point(resume: str | None, output_dir: str) -> str | None:
+    """`latest`: the newest checkpoint of output_dir, or a fresh start when it has none; else as given."""
+    if resume != "latest":
+        return resume
+    from transformers.trainer_utils import get_last_checkpoint
+
+    found = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    if found:
+        print(f"resuming from {found}")
+    return found
+
+
+def write_run_record(
+    out: Path, trainer, throughput: dict, dimmem_args, sft_args, model_args, world: int
+) -> None:
+    """dimmem_train.json (what export and the model card read) and the loss curve."""
+    model_path = model_args.model_name_or_path
+    local = Path(model_path).exists()  # a local base is recorded by absolute path, a Hub one by name
+    run_config = {
+        "base_model": str(Path(model_path).resolve()) if local else model_path,
+        "dimmem": asdict(dimmem_args),
+        "model": {
+            k: v for k, v in asdict(model_args).items() if k.startswith(("lora", "use_", "dtype", "attn"))
+        },
+        "sft": {k: getattr(sft_args, k) for k in RECORDED_SFT},
+        "world_size": world,
+        "final_step": trainer.state.global_step,
+        "throughput": throughput,
+    }
+    (out / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, default=str) + "\n")
+    plot_losses(trainer.state.log_history, out / "loss.png", f"{Path(model_path).name} LoRA SFT")
+
+
+RECORDED_SFT = (  # the SFTConfig fields the run record keeps
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "max_length",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "packing",
+    "padding_free",
+    "train_sampling_strategy",
+    "activation_checkpointing",
+    "use_liger_kernel",
+    "seed",
+    "bf16",
+)
