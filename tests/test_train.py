@@ -323,6 +323,34 @@ def test_resume_continues_from_the_saved_step(tiny_setup, tiny_run):
 
 
 @pytest.mark.slow
+def test_a_checkpoint_exports_while_the_run_goes_on(tiny_setup, tmp_path):
+    """The run's record is written before training starts: a checkpoint of a run still going (here one
+    that died at step 3) exports, and its card says the run has no final step yet."""
+    from transformers import TrainerCallback
+
+    from train.args import parse_args
+    from train.export import main as export_main
+    from train.sft import train
+
+    class Dies(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                raise RuntimeError("killed at step 3")
+
+    _, config = tiny_setup
+    out = tmp_path / "run"
+    argv = ["--config", str(config), "--output_dir", str(out), "--max_steps", "6", "--save_steps", "2"]
+    with pytest.raises(RuntimeError, match="killed at step 3"):
+        train(*parse_args([*argv, "--eval_strategy", "no"]), callbacks=[Dies()])
+    assert json.loads((out / "dimmem_train.json").read_text())["final_step"] is None
+    assert (
+        export_main(["--run", str(out), "--checkpoint", "2", "--out", str(tmp_path / "ck2"), "--merge"]) == 0
+    )
+    exported = json.loads((tmp_path / "ck2" / "dimmem_export.json").read_text())
+    assert exported["checkpoint"] == 2 and exported["merged"] is True
+
+
+@pytest.mark.slow
 @pytest.mark.integration
 def test_two_process_cpu_run(tiny_setup, tiny_run):
     root, config = tiny_setup

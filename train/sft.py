@@ -103,8 +103,10 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
     trainer = make_trainer(
         model, tokenizer, train_set, eval_set, dimmem_args, sft_args, model_args, callbacks
     )
-    trainer.train(resume_from_checkpoint=resume_point(dimmem_args.resume, sft_args.output_dir))
     out = Path(sft_args.output_dir)
+    if state.is_main_process:  # written now too: a checkpoint can be exported while the run goes on
+        write_run_record(out, trainer, None, dimmem_args, sft_args, model_args, state.num_processes)
+    trainer.train(resume_from_checkpoint=resume_point(dimmem_args.resume, sft_args.output_dir))
     trainer.save_model(str(out))
     lengths = [len(ids) for ids in train_set["input_ids"]]
     throughput = trainer.meter.report(
@@ -231,9 +233,10 @@ def resume_point(resume: str | None, output_dir: str) -> str | None:
 
 
 def write_run_record(
-    out: Path, trainer, throughput: dict, dimmem_args, sft_args, model_args, world: int
+    out: Path, trainer, throughput: dict | None, dimmem_args, sft_args, model_args, world: int
 ) -> None:
-    """dimmem_train.json (what export and the model card read) and the loss curve."""
+    """dimmem_train.json (what export and the model card read) and the loss curve; before the run ends
+    (`throughput` None) the record alone, without a final step."""
     model_path = model_args.model_name_or_path
     local = Path(model_path).exists()  # a local base is recorded by absolute path, a Hub one by name
     run_config = {
@@ -244,10 +247,13 @@ def write_run_record(
         },
         "sft": {k: getattr(sft_args, k) for k in RECORDED_SFT},
         "world_size": world,
-        "final_step": trainer.state.global_step,
+        "final_step": trainer.state.global_step if throughput is not None else None,
         "throughput": throughput,
     }
+    out.mkdir(parents=True, exist_ok=True)
     (out / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, default=str) + "\n")
+    if throughput is None:
+        return
     plot_losses(trainer.state.log_history, out / "loss.png", f"{Path(model_path).name} LoRA SFT")
 
 
