@@ -128,16 +128,19 @@ def test_each_path_finds_its_own_evidence(memory):
     assert by_type[0].record["id"] == "jazz" and by_type[0].paths["dimension"]["rank"] == 1
 
 
+DENVER = rec(
+    id="home-1",
+    type="fact",
+    content="Ann lives in Denver.",
+    location="Denver",
+    keywords=["Ann", "home", "Denver"],
+    session_time="2023-05-02T10:00",
+)
+
+
 def test_supersede_keeps_history_and_hides_the_old_version(loose):
     memory = loose
-    old = rec(
-        id="home-1",
-        type="fact",
-        content="Ann lives in Denver.",
-        location="Denver",
-        keywords=["Ann", "home", "Denver"],
-        session_time="2023-05-02T10:00",
-    )
+    old = DENVER
     new = rec(
         id="home-2",
         type="fact",
@@ -162,14 +165,7 @@ def test_time_decides_and_a_wrong_decision_is_undone(memory):
     """A move told in a later session supersedes the earlier home whatever the arrival order: the older
     record arriving last becomes history (HISTORY). Nothing is lost: the history says what replaced
     what, and restore brings a superseded record back beside the one that replaced it."""
-    early = rec(
-        id="home-1",
-        type="fact",
-        content="Ann lives in Denver.",
-        location="Denver",
-        keywords=["Ann", "home", "Denver"],
-        session_time="2023-05-02T10:00",
-    )
+    early = DENVER
     late = {**early, "id": "home-2", "content": "Ann lives in Austin now.", "location": "Austin"}
     late |= {"keywords": ["Ann", "home", "Austin"], "session_time": "2023-06-20T10:00"}
     assert memory.add_records([late], user_id="ann")[0]["action"] == "KEEP_BOTH"

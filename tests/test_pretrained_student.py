@@ -10,6 +10,7 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import yaml
+from student_helpers import train_and_export
 from test_serve_vllm import http, needs_vllm
 
 from dimmem.config import ConfigError
@@ -192,8 +193,6 @@ def student(tmp_path_factory):
     under structured outputs.)"""
     from data_gen.config import DatagenConfig
     from data_gen.run import run
-    from train.__main__ import main as train
-    from train.export import main as export_run
 
     root = tmp_path_factory.mktemp("student")
     datagen = yaml.safe_load((CONFIG_DIR / "datagen" / "toy.yaml").read_text())
@@ -203,23 +202,9 @@ def student(tmp_path_factory):
         source={**datagen["source"], "conversations": 12},
     )
     run(DatagenConfig.model_validate(datagen), show_progress=False)
-    profile = yaml.safe_load(PROFILE.read_text())
-    profile.update(
-        dataset_path=str(root / "data"),
-        model_name_or_path=str(root / "base"),
-        output_dir=str(root / "run"),
-        max_steps=8,
-        per_device_train_batch_size=2,
-        learning_rate=2e-3,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        eval_strategy="no",
-        save_strategy="no",
-        report_to=["none"],
+    train_and_export(
+        root, PROFILE, root / "data", max_steps=8, per_device_train_batch_size=2, learning_rate=2e-3
     )
-    (root / "profile.yaml").write_text(yaml.safe_dump(profile))
-    assert train(["--config", str(root / "profile.yaml")]) == 0
-    assert export_run(["--run", str(root / "run"), "--out", str(root / "export"), "--merge"]) == 0
     return {"base": root / "base", "run": root / "run", "export": root / "export", "data": root / "data"}
 
 

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import yaml
+from student_helpers import train_and_export
 from test_serve_vllm import needs_vllm
 
 from dimmem.launch import free_port
@@ -24,29 +25,12 @@ def student(tmp_path_factory):
     from data_gen.config import DatagenConfig
     from data_gen.run import run
     from dimmem.config import load_config
-    from train.__main__ import main as train
-    from train.export import main as export_run
 
     root = tmp_path_factory.mktemp("qwen-student")
     overrides = {"out": str(root / "data"), "source.exclude": [], "source.include": ["conv-26"], "limit": 6}
     report = run(load_config(DatagenConfig, LABELS, overrides), show_progress=False)
     assert report["labeled"] == 6 and report["coverage"]["quarantined"] == {}
-    profile = yaml.safe_load(PROFILE.read_text())
-    profile.update(
-        dataset_path=str(root / "data"),
-        model_name_or_path=str(root / "base"),
-        output_dir=str(root / "run"),
-        max_steps=2,
-        gradient_accumulation_steps=1,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        eval_strategy="no",
-        save_strategy="no",
-        report_to=["none"],
-    )
-    (root / "profile.yaml").write_text(yaml.safe_dump(profile))
-    assert train(["--config", str(root / "profile.yaml")]) == 0
-    assert export_run(["--run", str(root / "run"), "--out", str(root / "export"), "--merge"]) == 0
+    train_and_export(root, PROFILE, root / "data", max_steps=2, gradient_accumulation_steps=1)
     return root
 
 
