@@ -25,7 +25,7 @@ COMMANDS = {
     "export": ("train.export", "export a run: adapter or merged model, model card, Hub push"),
     "eval": ("eval.cli", "extraction quality, memory QA, retrieval benchmarks"),
     "memory": ("dimmem.runtime.cli", "the memory runtime: add conversations, load extracted records, search"),
-    "serve": ("serve.cli", "vLLM for the extractor, the HTTP memory service"),
+    "serve": ("serve.cli", "vLLM for the extractor, the HTTP memory service, the MCP server"),
     "inspect": ("inspector.cli", "a local web inspector over datagen outputs, eval runs and memory stores"),
 }
 

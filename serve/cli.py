@@ -1,16 +1,20 @@
-"""`dimmem serve ...` / `python -m serve ...`: the HTTP memory service."""
+"""`dimmem serve ...` / `python -m serve ...`: the HTTP memory service, the MCP server, vLLM."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from dimmem.config import add_set_argument
 from dimmem.paths import CONFIG_DIR
 
+if TYPE_CHECKING:
+    from serve.config import ServeConfig
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,vllm}")
+    sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,mcp,vllm}")
     api = sub.add_parser("api", help="the HTTP memory service (FastAPI + uvicorn) over the runtime")
     api.add_argument("--config", default=str(CONFIG_DIR / "serve" / "default.yaml"))
     api.add_argument("--host")
@@ -20,6 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_set_argument(api, "max_k=50")
     api.add_argument("--openapi", metavar="FILE", help="write the OpenAPI document to FILE and exit")
+
+    mcp = sub.add_parser(
+        "mcp", help="the memory tools for MCP clients: stdio (one local user) or streamable HTTP (tenants)"
+    )
+    mcp.add_argument("--config", default=str(CONFIG_DIR / "serve" / "mcp.yaml"))
+    mcp.add_argument("--transport", choices=["stdio", "http"])
+    mcp.add_argument("--user", help="the user of tool calls that name none (default: me)")
+    mcp.add_argument("--store", help="the store (a SQLite path or postgresql://...); overrides the configs'")
+    mcp.add_argument("--host")
+    mcp.add_argument("--port", type=int)
+    add_set_argument(mcp, "max_k=50")
+    mcp.set_defaults(serve_handler=run_mcp)
 
     vllm = sub.add_parser(
         "vllm", help="launch (or --print) vLLM's OpenAI-compatible server for an exported extractor"
@@ -80,7 +96,7 @@ def run_api(args: argparse.Namespace) -> int:
         write_openapi(args.openapi)
         return 0
     from serve.app import build_app
-    from serve.config import MIN_KEY_CHARS, load_serve_config
+    from serve.config import load_serve_config
     from serve.server import serve
 
     config = load_serve_config(
@@ -90,10 +106,7 @@ def run_api(args: argparse.Namespace) -> int:
     # with several workers each builds its own app (runtime, embedder, store connections)
     config.keys(), config.operator_key()
     app = build_app(config) if config.workers == 1 else None
-    for variable in config.weak_keys():
-        print(
-            f"warning: the API key in {variable} is shorter than {MIN_KEY_CHARS} characters", file=sys.stderr
-        )
+    _warn_weak_keys(config)
     tenants = [t.name for t in config.tenants]
     metrics = "operator key" if config.operator_key_env else "off"
     print(
@@ -108,6 +121,43 @@ def run_api(args: argparse.Namespace) -> int:
     )
     serve(app, config)
     return 0
+
+
+def run_mcp(args: argparse.Namespace) -> int:
+    import json
+
+    from dimmem.config import load_config
+    from serve.config import McpConfig
+    from serve.mcp import serve
+
+    config = load_config(
+        McpConfig,
+        args.config,
+        args.overrides,
+        transport=args.transport,
+        user=args.user,
+        store=args.store,
+        host=args.host,
+        port=args.port,
+    )
+    if config.transport == "http":  # stdout is the protocol's over stdio: nothing else is written there
+        config.keys()  # refuses missing, empty or shared keys and names, naming the variables, first
+        _warn_weak_keys(config)
+        tenants = [t.name for t in config.tenants]
+        print(
+            json.dumps({"listening": f"http://{config.host}:{config.port}{config.path}", "tenants": tenants})
+        )
+    serve(config)
+    return 0
+
+
+def _warn_weak_keys(config: ServeConfig) -> None:
+    from serve.config import MIN_KEY_CHARS
+
+    for variable in config.weak_keys():
+        print(
+            f"warning: the API key in {variable} is shorter than {MIN_KEY_CHARS} characters", file=sys.stderr
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

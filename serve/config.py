@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from dimmem.config import Section, load_config
+from serve.schemas import UserId
 
 CONFIG_ENV = "DIMMEM_SERVE_CONFIG"  # the validated config as JSON, for `--workers` processes
 # prometheus_client's multiprocess mode: set by `serve` for --workers > 1, read by /metrics
@@ -111,6 +112,46 @@ class ServeConfig(Section):
     def weak_keys(self) -> list[str]:
         """The variables whose key is shorter than MIN_KEY_CHARS (a warning, not a refusal)."""
         return [v for v, key in self._read_keys().items() if len(key) < MIN_KEY_CHARS]
+
+
+class McpConfig(ServeConfig):
+    """`dimmem serve mcp` (configs/serve/mcp.yaml): the service's settings, so one file can serve both and
+    share a store, with defaults for a local agent: an MCP client starts the server in a working directory
+    of its own choosing, so nothing here defaults to a path relative to it."""
+
+    transport: Literal["stdio", "http"] = Field(
+        "stdio", description="stdio: one local client, no keys; http: streamable HTTP, tenants and keys"
+    )
+    user: UserId = Field("me", description="the user of tool calls that name none")
+    path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9_./\-]*$", description="http: the MCP endpoint")
+    port: int = Field(8081, ge=0, le=65535)
+    memory_config: str | None = Field(
+        None,
+        description="the runtime (configs/memory/); null: its defaults (the rule extractor, rules for "
+        "queries and updates)",
+    )
+    store: str | None = Field(
+        None,
+        description="overrides the memory config's store; null without a memory config: "
+        "<data dir>/dimmem/memory.sqlite",
+    )
+    tenants: list[Tenant] = Field([], description="http: the tenants and the variables of their keys")
+
+    @model_validator(mode="after")
+    def _transport(self) -> McpConfig:
+        if self.transport == "http" and not self.tenants:
+            raise ValueError("transport http needs tenants: each a name and the api_key_env of its key")
+        if self.workers != 1:
+            raise ValueError("workers: the MCP server runs in one process (its sessions live in it)")
+        return self
+
+    def runtime_store(self) -> str | None:
+        """The store that overrides the memory config's: `store`, else, when the runtime's defaults are used
+        (whose store is a file in the working directory), a SQLite file in the user's data folder."""
+        if self.store is not None or self.memory_config is not None:
+            return self.store
+        data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+        return str(Path(data) / "dimmem" / "memory.sqlite")
 
 
 def load_serve_config(

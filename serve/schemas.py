@@ -13,6 +13,8 @@ from dimmem.contract.records import MEMORY_TYPES, MemoryRecord, QueryParse
 NAME_PATTERN = r"^[A-Za-z0-9_.@:\-]+$"
 MAX_RECORD_ID = 512  # a conversation id (<= 200) + "/<window id>#m<n>", with room to spare
 UserId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+ConversationId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+SearchQuery = Annotated[str, Field(min_length=1, max_length=2_000)]
 MemoryType = Literal[MEMORY_TYPES]  # type: ignore[valid-type]
 Status = Literal["active", "superseded", "merged", "deleted"]
 # HISTORY: stored as the history of a later record (superseded by it: dimmem.runtime.update)
@@ -37,7 +39,7 @@ class Message(_Body):
 class AddRequest(_Body):
     user_id: UserId
     messages: list[Message] = Field(min_length=1)
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=NAME_PATTERN)
+    conversation_id: ConversationId | None = None
 
 
 class ExtractRequest(_Body):
@@ -46,7 +48,7 @@ class ExtractRequest(_Body):
 
 class SearchRequest(_Body):
     user_id: UserId
-    query: str = Field(min_length=1, max_length=2_000)
+    query: SearchQuery
     k: int = Field(default=10, ge=1)
     reference_date: date | None = None
 
