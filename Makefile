@@ -96,12 +96,12 @@ demo-pretrained: install
 # the 2-core reference machine; killed, it resumes from its last checkpoint when run again), the merged
 # export, then the held-out table (benchmarks/student_locomo.py): the rule extractor, the labels themselves,
 # the student served by vLLM, and retrieval over each. jemalloc keeps the CPU trainer's freed activations
-# instead of handing them back to the kernel (a step 1.3x faster here: BENCHMARKS.md).
+# for 30 s instead of handing them back to the kernel at once (a step 1.3x faster here: BENCHMARKS.md).
 STU := runs/student
 JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2))
 student: install serve-cpu jemalloc
 	$(BIN)/dimmem datagen --config configs/datagen/locomo-annotations.yaml
-	LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1,thp:always \
+	LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:30000,muzzy_decay_ms:30000,thp:always \
 		$(BIN)/dimmem train --config configs/train/qwen25-coder-0.5b-locomo.yaml
 	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --out $(STU)/export-qwen25-0.5b --merge
 	$(BIN)/python -m benchmarks.student_locomo --student qwen2.5-coder-0.5b=$(STU)/export-qwen25-0.5b --out $(STU)/heldout
