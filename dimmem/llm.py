@@ -113,6 +113,7 @@ class Usage:
     rate_limited: int = 0
     truncation_retries: int = 0
     context_clamps: int = 0
+    cut_answers_kept: int = 0  # answers still cut off at the cap whose whole part was kept (`json`)
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
@@ -512,13 +513,19 @@ class ModelClient:
         attempts: int = 2,
         schema: dict | None = None,
         decode=json.loads,
+        partial=None,
     ) -> dict:
         """The answer of a DimMem task as a dict (`decode`d from the text; `schema`: see `body`); an
         answer that is not a JSON object is asked again (`attempts` in all), one still cut off at the cap
-        is an error."""
+        is an error, unless `partial(text)` makes an answer of what came before the cut (extraction:
+        `dimmem.contract.validate.complete_memories`)."""
         problems = []
         for attempt in range(attempts):
             completion = self.complete(task, messages, scope, salt=attempt or None, schema=schema)
+            cut = completion.finish_reason == "length"
+            if cut and partial is not None and (kept := partial(completion.text)) is not None:
+                self.usage.add(cut_answers_kept=1)
+                return kept
             if completion.finish_reason == "length":
                 budget = completion.max_tokens or self.config.max_tokens_cap
                 limit = "the cap" if budget >= self.config.max_tokens_cap else "what the context leaves"

@@ -44,7 +44,7 @@ from dimmem.contract.annotations import ConversationGold, conversation_gold
 from dimmem.contract.conversation import Conversation
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.timespan import overlaps, parse_span
-from dimmem.contract.validate import parse_json
+from dimmem.contract.validate import complete_memories, parse_json
 from dimmem.contract.windows import Window
 from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor, WindowRecords, keep_valid
 from eval.extraction import Prediction, Reference, predict, require_predictions
@@ -100,6 +100,9 @@ def score_windows(windows: list[Window], predictions: dict[str, Prediction]) -> 
     for w in windows:
         p = predictions[w.id]
         value, _ = parse_json(p.output) if p.output else (None, None)
+        parsed = value is not None
+        if not parsed and p.finish_reason == "length":  # cut off: its complete records, as the runtime keeps
+            value = complete_memories(p.output)
         kept = keep_valid(w, value if value is not None else p.error or f"{w.id}: not a JSON object")
         memories = value.get("memories") if value is not None else None
         out.append(
@@ -108,8 +111,8 @@ def score_windows(windows: list[Window], predictions: dict[str, Prediction]) -> 
                 p,
                 kept,
                 len(memories) if isinstance(memories, list) else 0,
-                value is not None,
-                value is not None and not {"json", "schema"} & {i.rule for i in kept.issues},
+                parsed,
+                parsed and not {"json", "schema"} & {i.rule for i in kept.issues},
             )
         )
     return out
@@ -266,6 +269,8 @@ def format_stats(scored: list[ScoredWindow], count_tokens: Callable[[str], int])
         "schema_valid_rate": sum(s.schema_valid for s in scored) / n if n else 0.0,
         "valid_rate": sum(s.parsed and not s.kept.issues for s in scored) / n if n else 0.0,
         "truncation_rate": sum(s.prediction.finish_reason == "length" for s in scored) / n if n else 0.0,
+        # cut off, yet with complete records before the cut (kept, as the runtime's extractor keeps them)
+        "cut_windows_kept": sum(not s.parsed and bool(s.kept.records) for s in scored),
         "failed_windows": sum(s.kept.failure is not None for s in scored),
         "memories_predicted": memories,
         "records": len(records),

@@ -141,6 +141,33 @@ def test_a_fact_given_to_the_other_person_is_a_miss(tmp_path, windows):
     assert m["fact_recall"] < 0.5 and m["fact_pointer_recall"] < 0.2
 
 
+def test_an_answer_cut_off_keeps_its_complete_records(tmp_path, windows):
+    """A model that ran into its token budget (finish_reason "length"): the records complete before the
+    cut are scored, as the runtime's extractor keeps them; the window counts as cut, not parsed."""
+    conversations, wins = windows
+    answers = perfect_observations(conversations, wins)
+    w = wins[0]
+    text = json.dumps({"memories": answers[w.id]})
+    cut = text[: text.index(json.dumps(answers[w.id][2]))] + json.dumps(answers[w.id][2])[:40]
+    rows = [{"window_id": i, "output": json.dumps({"memories": m})} for i, m in answers.items() if i != w.id]
+    rows.append({"window_id": w.id, "output": cut, "finish_reason": "length"})
+    path = tmp_path / "cut.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [
+        "extraction",
+        "--benchmark",
+        "locomo",
+        "--conversations",
+        ",".join(TWO),
+        "--predictions",
+        str(path),
+    ]
+    assert eval_main([*args, "--out", str(tmp_path / "run"), *FIXED]) == 0
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["records"] == 353 - len(answers[w.id]) + 2 and m["cut_windows_kept"] == 1
+    assert m["parse_rate"] == 39 / 40 and m["truncation_rate"] == 1 / 40
+
+
 def test_persons_tell_look_alike_names_apart():
     from eval.extraction_locomo import persons
 

@@ -203,3 +203,15 @@ def test_time_format(value, ok):
 def test_time_must_be_ascii_iso_and_nothing_after_it(value):
     """`$` let a trailing newline through and `\\d` matched any script's digits (found by Hypothesis)."""
     assert time_problem(value) is not None
+
+
+def test_complete_memories_of_an_answer_cut_off():
+    from dimmem.contract.validate import complete_memories
+
+    one = '{"source_turns": ["t1"], "speaker": "Ann", "content": "Ann adopted Rex.", "keywords": ["Rex"]}'
+    cut = '{"memories": [' + one + ", " + one[:30]
+    assert complete_memories(cut) == {"memories": [json.loads(one)]}  # the cut one dropped
+    assert complete_memories('{"memories": [' + one + "," + one + "]}") == {"memories": [json.loads(one)] * 2}
+    assert complete_memories('{"memories": [{"source_tu') == {"memories": []}
+    assert complete_memories("Sure! Here are the memories") is None
+    assert complete_memories('{"other": [') is None

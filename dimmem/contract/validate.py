@@ -128,6 +128,29 @@ def parse_json(output: str | dict) -> tuple[dict | None, list[Issue]]:
     return value, []
 
 
+_MEMORIES = re.compile(r'\s*\{\s*"memories"\s*:\s*\[')
+
+
+def complete_memories(text: str) -> dict | None:
+    """An extract answer cut off mid-way (a model that ran into its token budget, often repeating its last
+    record): every memory object complete before the cut, as an answer `{"memories": [...]}`; None when
+    the text does not begin as an extract answer. What is kept is still checked by `validate`."""
+    start = _MEMORIES.match(text)
+    if start is None:
+        return None
+    decoder, at, memories = json.JSONDecoder(), start.end(), []
+    while True:
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        if at >= len(text) or text[at] != "{":
+            return {"memories": memories}
+        try:
+            memory, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:  # the cut one
+            return {"memories": memories}
+        memories.append(memory)
+
+
 def validate(task: str, output: str | dict, scope: TurnScope | None = None) -> Validation:
     """Validate one answer of `task` ("extract", "parse_query", "consolidate").
 

@@ -24,7 +24,7 @@ from typing import Protocol
 from dimmem.contract.conversation import Turn
 from dimmem.contract.formats import ExtractFormat, extract_format
 from dimmem.contract.records import memory_record
-from dimmem.contract.validate import Issue, validate
+from dimmem.contract.validate import Issue, complete_memories, validate
 from dimmem.contract.windows import Window
 from dimmem.llm import ModelClient, ModelError
 from dimmem.runtime.query import content_words
@@ -75,7 +75,9 @@ class EndpointExtractor:
                 return {"memories": []}
             try:
                 messages, schema = fmt.messages(window), fmt.response_format(window)
-                answer = self.client.json("extract", messages, schema=schema, decode=fmt.decode)
+                answer = self.client.json(
+                    "extract", messages, schema=schema, decode=fmt.decode, partial=complete_memories
+                )
             except ModelError as exc:
                 return f"{window.id}: {exc}"
             return fmt.to_contract(answer, window)
