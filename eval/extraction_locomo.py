@@ -275,6 +275,7 @@ def format_stats(scored: list[ScoredWindow], count_tokens: Callable[[str], int])
         "memories_predicted": memories,
         "records": len(records),
         "rejected_memories": sum(len(s.kept.rejected) for s in scored),
+        "repeated_memories": sum(s.kept.repeated for s in scored),  # word for word again: kept once
         "records_per_window": len(records) / n if n else 0.0,
         "tokens_per_record": float(np.mean(tokens)) if tokens else None,
         "time_format_rate": 1 - broken["time_format"] / memories if memories else None,

@@ -436,3 +436,19 @@ def test_a_longer_conversation_object_continues_the_windows_after_the_stored_one
     }
     cited = {t for r in memory.store.records("ann", status=None) for t in r["source_turns"]}
     assert cited == {t for t, _ in turns}  # every turn extracted once, none lost
+
+
+def test_a_memory_repeated_word_for_word_is_kept_once():
+    """A served model stuck in a loop repeats its last record until the budget: the repeats are one record
+    (and counted), a different record after them is kept."""
+    from dimmem.contract.windows import make_windows
+    from dimmem.runtime.extractors import keep_valid
+
+    window = make_windows(generate_dialogue(3, seed=0).conversation, 6, 0)[0]
+    speaker = window.new[0].speaker
+    same = memory_record(source_turns=["t1"], speaker=speaker, content=f"{speaker} said hi.", type="fact")
+    same["keywords"] = [speaker]
+    other = {**same, "content": f"{speaker} said bye."}
+    kept = keep_valid(window, {"memories": [same, same, same, other]})
+    assert [r["content"] for r in kept.records] == [same["content"], other["content"]]
+    assert kept.repeated == 2 and not kept.issues

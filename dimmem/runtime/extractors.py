@@ -40,6 +40,7 @@ class WindowRecords:
     records: list[dict]  # the valid memories as records, pointers resolved to conversation turn ids
     issues: list[Issue] = field(default_factory=list)  # everything the validator found
     failure: str | None = None  # why the window gives no record at all (no answer, or an unusable one)
+    repeated: int = 0  # valid memories the answer had given already, word for word (kept once)
 
     @property
     def rejected(self) -> set[int]:
@@ -54,8 +55,15 @@ def keep_valid(window: Window, answer: dict | str) -> WindowRecords:
     issues = validate("extract", answer, window.scope).issues
     if any(issue.index is None for issue in issues):  # the answer as a whole is unusable
         return WindowRecords([], issues, f"{window.id}: " + "; ".join(map(str, issues)))
-    result = WindowRecords([], issues)
-    result.records = window.resolve([m for i, m in enumerate(answer["memories"]) if i not in result.rejected])
+    result, seen, kept = WindowRecords([], issues), set(), []
+    for i, memory in enumerate(answer["memories"]):
+        key = json.dumps(memory, sort_keys=True)
+        if i in result.rejected or key in seen:  # a model stuck in a loop repeats its last record
+            result.repeated += i not in result.rejected
+            continue
+        seen.add(key)
+        kept.append(memory)
+    result.records = window.resolve(kept)
     return result
 
 
