@@ -184,7 +184,8 @@ def test_lifecycle_in_every_order(words, order, memory_factory):
     restored (a delete or a supersession undone). Every step leaves the indexes holding exactly the
     active."""
     memory = memory_factory(embedder=words, consolidator=scripted)
-    memory.add_records([rec("t", "Ann went hiking at Eagle Peak with her dog.")], user_id="ann")
+    first = rec("t", "Ann went hiking at Eagle Peak with her dog.", session_time="2023-04-30T10:00")
+    memory.add_records([first], user_id="ann")
     status = "active"
     for step, operation in enumerate(order):
         allowed = {"restore": status != "active"}.get(operation, status == "active")
@@ -266,7 +267,8 @@ def test_a_merge_never_writes_into_a_record_deleted_while_it_was_decided(words, 
         return scripted(new, candidate, similarity)
 
     memory = memory_factory(embedder=words, consolidator=deleting_consolidator)
-    memory.add_records([rec("t", "Ann went hiking at Eagle Peak with her dog.")], user_id="ann")
+    first = rec("t", "Ann went hiking at Eagle Peak with her dog.", session_time="2023-04-30T10:00")
+    memory.add_records([first], user_id="ann")
     [event] = memory.add_records(
         [rec("n", "Ann went hiking at Eagle Peak with her dog (merging).")], user_id="ann"
     )

@@ -15,6 +15,7 @@ from datetime import date, datetime, timedelta
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.records import MEMORY_FIELDS, MemoryRecord, memory_record
+from dimmem.contract.timespan import parse_span
 
 PEOPLE = [
     ("Alice", "she"),
@@ -337,6 +338,8 @@ def _story(w: _Writer, rng: random.Random, name: str, pron: str, listener: str, 
         else:
             old = homes[name]
             phrase, iso = _relative(rng, day, future=False)
+            if old.time and parse_span(iso)[0] < parse_span(old.time)[0]:  # not before the move it follows
+                phrase, iso = "yesterday", (day - timedelta(days=1)).isoformat()
             turn = w.say(name, f"Big news: I moved from {old.location} to {city} {phrase}!")
             homes[name] = w.record(
                 [turn],

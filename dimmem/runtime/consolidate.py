@@ -20,9 +20,9 @@ class RuleConsolidator:
     """The decisions no model takes: precise, so they join few (its candidate: the same speaker and type,
     the closest from `update.similarity_threshold`). Two kinds of pair are joined:
 
-    - a changed dimension: fact or profile records that share a keyword besides the speaker's name and
-      their places, and name two places: where something is has changed, and the later record holds
-      (SUPERSEDE; `recency` says which is later);
+    - a changed dimension: fact or profile records with the same keywords once the speaker's name and
+      the places are set aside, that name two places: where something is has changed, and the later
+      record holds (SUPERSEDE; `recency` says which is later);
     - a restatement: from `restate_similarity` on, with most of the shorter record's content words
       (`restate_overlap`) in the other: one record says it (MERGE). Events merge only when they agree on
       time and place; two occasions stay two records.
@@ -48,14 +48,16 @@ KEEP_BOTH = {"action": "KEEP_BOTH", "memory": None}
 
 
 def moved(a: dict, b: dict) -> bool:
-    """Two places for one thing: both records name a place, not the same one, and share a keyword that is
-    neither the speaker's name nor a place ("home")."""
+    """The same thing in two places: both records name a place, not the same one, and their keywords are
+    the same once the speaker's name and the places are set aside, one at least ("home"; "Maya",
+    "engineer"). Another keyword ("Rosa, nurse" / "Nora, nurse") is another thing."""
     if not a.get("location") or not b.get("location"):
         return False
     if a["location"].casefold() == b["location"].casefold():
         return False
     ignore = {a["speaker"].casefold(), a["location"].casefold(), b["location"].casefold()}
-    return bool({k.casefold() for k in a["keywords"]} & {k.casefold() for k in b["keywords"]} - ignore)
+    rest = [{k.casefold() for k in r["keywords"]} - ignore for r in (a, b)]
+    return bool(rest[0]) and rest[0] == rest[1]
 
 
 def word_overlap(a: str, b: str) -> float:
@@ -76,19 +78,20 @@ def merge(a: dict, b: dict) -> dict:
 
 
 def recency(record: dict) -> tuple:
-    """What orders two records in time: (when, session time, id in natural order). `when` is the start of
-    the record's event time, else its session's date, else the moment it was stored (now, for a record
-    being added): ISO strings, so a date and a moment compare as text."""
-    when = None
+    """What orders two records in time: (when it was told, when it happened, session time, id in natural
+    order). Told: its session's date, else the moment it was stored (now, for a record being added);
+    happened: the start of its event time. The later telling holds (a person who says where they live
+    now is believed over what they said before, whatever dates either names); within one telling, the
+    later event. ISO strings throughout, so a date and a moment compare as text."""
+    session = record.get("session_time") or ""
+    told = session[:10] or datetime.fromtimestamp(record.get("created") or time.time()).isoformat()
+    happened = ""
     if record.get("time"):
         try:
-            when = parse_span(record["time"])[0].isoformat()
+            happened = parse_span(record["time"])[0].isoformat()
         except ValueError:  # the validator lets only spans through; a hand-made time may be anything
-            when = None
-    session = record.get("session_time") or ""
-    if when is None:
-        when = session[:10] or datetime.fromtimestamp(record.get("created") or time.time()).isoformat()
-    return when, session, [int(p) if p.isdigit() else p for p in _DIGITS.split(record["id"])]
+            happened = ""
+    return told, happened, session, [int(p) if p.isdigit() else p for p in _DIGITS.split(record["id"])]
 
 
 _DIGITS = re.compile(r"(\d+)")

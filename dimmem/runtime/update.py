@@ -6,9 +6,8 @@ What it promises (docs/runtime.md, "The update path"):
   the speaker's name (an index lookup, at most `update.max_candidates`), of the same speaker, compared by
   embedding where the vectors are (`Lookup.closest`); the closest from `update.similarity_threshold` is
   the one consulted. `update.candidates: paper` is the DimMem authors' filter instead, a baseline.
-- Time decides, not arrival. Of a pair the consolidator calls an update, the later one (`recency`: the
-  start of its event time, else its session's date, else when it was stored; then its session time,
-  then its id) stays active: a new record supersedes an earlier one, and one that arrives after a later
+- Time decides, not arrival. Of a pair the consolidator calls an update, the later one (`recency`: when
+  it was told, then when it happened, then its session time, then its id) stays active: a new record supersedes an earlier one, and one that arrives after a later
   record is stored as that record's history (`HISTORY`: superseded by it, which stays as it is). A
   restatement (MERGE) keeps the earlier telling, with the merged text (the rules' merge reads the same
   whichever came first). Added in any order, the same records leave the same active records.
