@@ -8,9 +8,10 @@ What it promises (docs/runtime.md, "The update path"):
   the one consulted. `update.candidates: paper` is the DimMem authors' filter instead, a baseline.
 - Time decides, not arrival. Of a pair the consolidator calls an update, the later one (`recency`: when
   it was told, then when it happened, then its session time, then its id) stays active: a new record
-  supersedes an earlier one, and one that arrives after a later record is stored as that record's history (`HISTORY`: superseded by it, which stays as it is). A
-  restatement (MERGE) keeps the earlier telling, with the merged text (the rules' merge reads the same
-  whichever came first). Added in any order, the same records leave the same active records.
+  supersedes an earlier one, and one that arrives after a later record is stored as that record's
+  history (`HISTORY`: superseded by it, which stays as it is). A restatement (MERGE) keeps the earlier
+  telling, with the merged text (the rules' merge reads the same whichever came first). Added in any
+  order, the same records leave the same active records.
 - Nothing is lost: superseded and merged records stay in the store with their history, and `restore`
   brings one back.
 """
