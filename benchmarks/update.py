@@ -221,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["session_order"] = ingest_observations(make, "locomo", records, None, pairs + check)
                 shuffled = [ingest_observations(make, "shuffled", records, s, pairs + check) for s in SEEDS]
                 row["shuffled"] = [{k: v for k, v in s.items() if k != "active_ids"} for s in shuffled]
-                row["same_active_set"] = all(
-                    s["active_ids"] == row["session_order"]["active_ids"] for s in shuffled
-                )
+                # records active in one order and not in another (0: the same active set)
+                first = set(row["session_order"]["active_ids"])
+                row["active_differences"] = [len(first ^ set(s["active_ids"])) for s in shuffled]
                 del row["session_order"]["active_ids"]
                 row["toy"] = toy_updates(make)
                 texts = [o["content"] for o in observations.values()]  # the same texts, embedded twice
@@ -284,10 +284,11 @@ def format_table(result: dict) -> str:
             p, c, s = r["pairs"], r["check"], r["session_order"]
             shuffled = " / ".join(str(x["replaced"]) for x in r["shuffled"])
             older = [s["older_replaced_newer"], *(x["older_replaced_newer"] for x in r["shuffled"])]
+            differ = ", ".join(map(str, r["active_differences"]))
             lines.append(
                 f"| {store} | {name} | {p['precision']} / {p['recall']} ({p['joined']}) | {c['precision']} / "
                 f"{c['recall']} ({c['joined']}) | {s['replaced']} / "
-                f"{shuffled} | {', '.join(map(str, older))} | {r['same_active_set']} | {s['current_fact']} / "
+                f"{shuffled} | {', '.join(map(str, older))} | {', '.join(map(str, r['active_differences']))} | {s['current_fact']} / "
                 f"{r['toy']['current_fact']} | {r['toy']['precision']} | {s['comparisons_per_add']} | "
                 f"{r['ingest']['ratio']} |"
             )
