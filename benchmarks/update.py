@@ -288,7 +288,7 @@ def format_table(result: dict) -> str:
             lines.append(
                 f"| {store} | {name} | {p['precision']} / {p['recall']} ({p['joined']}) | {c['precision']} / "
                 f"{c['recall']} ({c['joined']}) | {s['replaced']} / "
-                f"{shuffled} | {', '.join(map(str, older))} | {', '.join(map(str, r['active_differences']))} | {s['current_fact']} / "
+                f"{shuffled} | {', '.join(map(str, older))} | {differ} | {s['current_fact']} / "
                 f"{r['toy']['current_fact']} | {r['toy']['precision']} | {s['comparisons_per_add']} | "
                 f"{r['ingest']['ratio']} |"
             )
