@@ -105,7 +105,8 @@ _NOT_PLACES = re.compile(rf"^(?:{_MONTH}|{_WEEKDAY}|I|The|A|An)$", re.I)
 
 @dataclass(frozen=True)
 class Placed:
-    """An annotation placed at a turn: the record it becomes, the turns it cites (global ids)."""
+    """An annotation placed at a turn: what it is, the turn whose window it belongs to, the turns it cites
+    (global ids)."""
 
     gold: Gold
     kind: str  # "observation" | "event"
