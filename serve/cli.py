@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--host", default="127.0.0.1")
     vllm.add_argument("--port", type=int, default=8000)
     vllm.add_argument("--max-model-len", type=int, help="default: the length the model was trained with")
+    vllm.add_argument(
+        "--any-whitespace",
+        action="store_true",
+        help="let the grammar allow whitespace between JSON tokens (a model trained on spaced JSON)",
+    )
     vllm.add_argument("--print", action="store_true", help="print the command instead of running it")
     vllm.add_argument("extra", nargs="*", help="more vLLM flags, after --")
     vllm.set_defaults(serve_handler=run_vllm)
@@ -73,6 +78,7 @@ def run_vllm(args: argparse.Namespace) -> int:
         python=python,
         host=args.host,
         port=args.port,
+        compact_json=not args.any_whitespace,
         max_model_len=args.max_model_len,
         extra=args.extra,
     )

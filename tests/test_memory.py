@@ -408,6 +408,7 @@ def test_upgrade_indexes_the_records_already_stored(tmp_path):
 WRITER = textwrap.dedent("""
     import sys, numpy as np
     from dimmem.contract.records import memory_record
+    from dimmem.runtime.embed import WIDTH
     from dimmem.runtime.stores import open_store
     store = open_store(sys.argv[1])
     user, start, count, pause = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])

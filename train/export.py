@@ -174,9 +174,15 @@ def base_section(origin: dict | None) -> str:
     """Where a base built from a packaged GGUF file came from, and under which license."""
     if not origin:
         return ""
+    parts = origin.get("parts")
+    shipped = (
+        f"the PyPI packages `{parts[0]}` ... `{parts[-1]}` (its chunks, concatenated)"
+        if parts
+        else f"the PyPI package `{origin['distribution']}`"
+    )
     return f"""## Base model
 `{origin["model_id"]}` ({origin["license"]}), read from `{origin["file"]}`
-(sha256 `{origin["sha256"]}`) in the PyPI package `{origin["distribution"]}` {origin["version"]} and
+(sha256 `{origin["sha256"]}`) in {shipped} {origin["version"]} and
 dequantized to {origin["dtype"]} by transformers (what the file's quantization lost is not recovered).
 
 """

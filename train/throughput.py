@@ -15,13 +15,19 @@ import torch
 from transformers import PretrainedConfig, TrainerCallback
 
 
+def head_dim(cfg: PretrainedConfig) -> int:
+    """Width of one attention head: configs that leave it out (Qwen2's, read from a GGUF file) mean
+    hidden size over heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 def linear_params(cfg: PretrainedConfig) -> int:
     """Parameters in matrix multiplies per token (all projections and the LM head)."""
     d, h, kv, hd, ff = (
         cfg.hidden_size,
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
-        cfg.head_dim,
+        head_dim(cfg),
         cfg.intermediate_size,
     )
     per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * ff
@@ -30,7 +36,7 @@ def linear_params(cfg: PretrainedConfig) -> int:
 
 def attention_flops(cfg: PretrainedConfig, seq: float) -> float:
     """Causal attention forward and backward per token, for rows of `seq` tokens."""
-    return 6 * cfg.num_hidden_layers * seq * cfg.num_attention_heads * cfg.head_dim / 2
+    return 6 * cfg.num_hidden_layers * seq * cfg.num_attention_heads * head_dim(cfg) / 2
 
 
 def model_flops_per_token(cfg: PretrainedConfig, seq: float) -> float:

@@ -134,7 +134,8 @@ _MEMORIES = re.compile(r'\s*\{\s*"memories"\s*:\s*\[')
 def complete_memories(text: str) -> dict | None:
     """An extract answer cut off mid-way (a model that ran into its token budget, often repeating its last
     record): every memory object complete before the cut, as an answer `{"memories": [...]}`; None when
-    the text does not begin as an extract answer. What is kept is still checked by `validate`."""
+    the text does not begin as an extract answer or no memory is complete (nothing to keep: the window
+    failed). What is kept is still checked by `validate`."""
     start = _MEMORIES.match(text)
     if start is None:
         return None
@@ -143,12 +144,13 @@ def complete_memories(text: str) -> dict | None:
         while at < len(text) and text[at] in " \t\r\n,":
             at += 1
         if at >= len(text) or text[at] != "{":
-            return {"memories": memories}
+            break
         try:
             memory, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError:  # the cut one
-            return {"memories": memories}
+            break
         memories.append(memory)
+    return {"memories": memories} if memories else None
 
 
 def validate(task: str, output: str | dict, scope: TurnScope | None = None) -> Validation:
