@@ -92,11 +92,11 @@ demo-pretrained: install
 		--out $(PRE)/retrieval-toy.json
 
 # The real-dialogue student (README "The real-dialogue student", docs/train.md): LoCoMo's annotations as
-# labels with conv-26 and conv-30 held out, LoRA SFT of Qwen2.5-Coder-0.5B-Instruct on the CPU (about 3 h on
+# labels with conv-26 and conv-30 held out, LoRA SFT of Qwen2.5-Coder-0.5B-Instruct on the CPU (about 3.3 h on
 # the 2-core reference machine; killed, it resumes from its last checkpoint when run again), the merged
 # export, then the held-out table (benchmarks/student_locomo.py): the rule extractor, the labels themselves,
 # the student served by vLLM, and retrieval over each. jemalloc keeps the CPU trainer's freed activations
-# for 30 s instead of handing them back to the kernel at once (a step 1.3x faster here: BENCHMARKS.md).
+# for 30 s instead of handing them back to the kernel at once (glibc's page faults cost half a step: docs/train.md).
 STU := runs/student
 JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2))
 student: install serve-cpu jemalloc
