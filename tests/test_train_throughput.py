@@ -319,3 +319,16 @@ def test_model_flops_follow_the_benchmark_formula():
     # BENCHMARKS.md: N = 3.97 G with the LM head, 19.7 GFLOP per token at 8,163 tokens
     assert model_flops_per_token(cfg, 8163) == pytest.approx(19.7e9, rel=0.01)
     assert attention_length([8163] * 4) == 8163 and attention_length([1, 3]) == 2.5
+
+
+def test_model_flops_of_a_config_without_head_dim():
+    """Qwen2's config (as transformers reads it from a GGUF file) has no head_dim: the FLOPs count takes
+    hidden size over heads, the same as a config that states it."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    from train.throughput import model_flops_per_token
+
+    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    qwen2 = Qwen2Config(**shape, num_attention_heads=2, num_key_value_heads=1)
+    stated = Qwen3Config(**shape, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    assert model_flops_per_token(qwen2, 100) == model_flops_per_token(stated, 100) > 0
