@@ -522,11 +522,10 @@ class ModelClient:
         problems = []
         for attempt in range(attempts):
             completion = self.complete(task, messages, scope, salt=attempt or None, schema=schema)
-            cut = completion.finish_reason == "length"
-            if cut and partial is not None and (kept := partial(completion.text)) is not None:
-                self.usage.add(cut_answers_kept=1)
-                return kept
             if completion.finish_reason == "length":
+                if partial is not None and (kept := partial(completion.text)) is not None:
+                    self.usage.add(cut_answers_kept=1)
+                    return kept
                 budget = completion.max_tokens or self.config.max_tokens_cap
                 limit = "the cap" if budget >= self.config.max_tokens_cap else "what the context leaves"
                 raise ModelError(

@@ -57,9 +57,11 @@ def keep_valid(window: Window, answer: dict | str) -> WindowRecords:
         return WindowRecords([], issues, f"{window.id}: " + "; ".join(map(str, issues)))
     result, seen, kept = WindowRecords([], issues), set(), []
     for i, memory in enumerate(answer["memories"]):
+        if i in result.rejected:
+            continue
         key = json.dumps(memory, sort_keys=True)
-        if i in result.rejected or key in seen:  # a model stuck in a loop repeats its last record
-            result.repeated += i not in result.rejected
+        if key in seen:  # a model stuck in a loop repeats its last record
+            result.repeated += 1
             continue
         seen.add(key)
         kept.append(memory)
