@@ -13,6 +13,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 EXPORT_CONFIG = "dimmem_export.json"  # beside an export's weights: how it was trained and must be served
+GGUF_SETTINGS_KEY = "dimmem.export"  # the same serving settings (JSON) inside each GGUF file of an export
 
 
 def shared_data_dir() -> Path:

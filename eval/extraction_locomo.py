@@ -442,6 +442,9 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         "unknown_evidence": [u for g in golds.values() for u in g.unknown_evidence],
         "generated_windows": len(fresh),  # asked of the model in this run (not answered from its cache)
         "windows_per_s": len(fresh) / wall if fresh and wall else None,
+        "output_tokens_per_s": (sum(p.completion_tokens or 0 for p in fresh) / wall)
+        if fresh and wall
+        else None,
         "run": {
             "name": out.name,
             "benchmark": "locomo",

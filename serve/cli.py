@@ -1,4 +1,4 @@
-"""`dimmem serve ...` / `python -m serve ...`: the HTTP memory service, the MCP server, vLLM."""
+"""`dimmem serve ...` / `python -m serve ...`: the HTTP memory service, the MCP server, vLLM, llama.cpp."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,mcp,vllm}")
+    sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,mcp,vllm,llamacpp}")
     api = sub.add_parser("api", help="the HTTP memory service (FastAPI + uvicorn) over the runtime")
     api.add_argument("--config", default=str(CONFIG_DIR / "serve" / "default.yaml"))
     api.add_argument("--host")
@@ -58,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--print", action="store_true", help="print the command instead of running it")
     vllm.add_argument("extra", nargs="*", help="more vLLM flags, after --")
     vllm.set_defaults(serve_handler=run_vllm)
+
+    llamacpp = sub.add_parser(
+        "llamacpp", help="serve a GGUF extractor (or teacher) with llama.cpp on CPU, OpenAI-compatible"
+    )
+    from serve.llamacpp import add_arguments as llamacpp_arguments
+
+    llamacpp_arguments(llamacpp)
+    llamacpp.set_defaults(serve_handler=run_llamacpp)
     api.set_defaults(serve_handler=run_api)
 
 
@@ -91,6 +99,12 @@ def run_vllm(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     os.execvpe(command[0], command, vllm_env())
+
+
+def run_llamacpp(args: argparse.Namespace) -> int:
+    from serve.llamacpp import run_llamacpp as serve_gguf
+
+    return serve_gguf(args)
 
 
 def run_api(args: argparse.Namespace) -> int:

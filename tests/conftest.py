@@ -6,9 +6,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dimmem.contract.conversation import Conversation, Turn
-from dimmem.paths import shared_data
+from dimmem.paths import CONFIG_DIR, shared_data
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub: everything they load is local
 SESSIONS = Path(tempfile.gettempdir()) / "dimmem-pytest"
@@ -200,3 +201,55 @@ def random_tiny_model(toy_dataset, tmp_path_factory):
         num_key_value_heads=1,
         intermediate_size=128,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_exports(tmp_path_factory):
+    """The demo's recipe: toy data from the oracle, the tiny model trained and exported merged (fewer steps
+    leave it writing runaway strings, which structured outputs cannot end: 80 steps truncated every
+    answer); then a pure LoRA adapter (no modules_to_save, as on a pretrained base) trained over it."""
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run
+    from train.__main__ import main as train
+    from train.export import main as export_run
+
+    root = tmp_path_factory.mktemp("served")
+    datagen = yaml.safe_load((CONFIG_DIR / "datagen" / "toy.yaml").read_text())
+    datagen.update(
+        out=str(root / "data"), tasks={"extract": True, "parse_query": False, "consolidate": False}
+    )
+    run(DatagenConfig.model_validate(datagen), show_progress=False)
+    tiny = yaml.safe_load((CONFIG_DIR / "train" / "tiny.yaml").read_text())
+    tiny.update(
+        dataset_path=str(root / "data"),
+        model_name_or_path=str(root / "base"),
+        output_dir=str(root / "run"),
+        eval_strategy="no",
+        save_strategy="no",
+        report_to=["none"],
+    )
+    tiny["tiny_base"]["tokenizer"] = str(shared_data("qwen3-tokenizer"))
+    (root / "tiny.yaml").write_text(yaml.safe_dump(tiny))
+    assert train(["--config", str(root / "tiny.yaml")]) == 0
+    assert export_run(["--run", str(root / "run"), "--out", str(root / "merged"), "--merge"]) == 0
+    adapter = {k: v for k, v in tiny.items() if k != "tiny_base"}
+    adapter.update(
+        model_name_or_path=str(root / "merged"),
+        output_dir=str(root / "adapter-run"),
+        lora_modules_to_save=None,
+        lora_r=8,
+        lora_alpha=16,
+        max_steps=8,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    )
+    (root / "adapter.yaml").write_text(yaml.safe_dump(adapter))
+    assert train(["--config", str(root / "adapter.yaml")]) == 0
+    assert export_run(["--run", str(root / "adapter-run"), "--out", str(root / "adapter")]) == 0
+    return {
+        "merged": root / "merged",
+        "adapter": root / "adapter",
+        "data": root / "data",
+        "run": root / "run",
+    }

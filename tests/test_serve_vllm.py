@@ -116,60 +116,15 @@ VALID_RATE_FLOOR = 0.75
 MEMORY_F1_FLOOR = {"merged": 0.15, "adapter": 0.10}
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """The demo's recipe: toy data from the oracle, the tiny model trained and exported merged (fewer steps
-    leave it writing runaway strings, which structured outputs cannot end: 80 steps truncated every
-    answer); then a pure LoRA adapter (no modules_to_save, as on a pretrained base) trained over it."""
-    from data_gen.config import DatagenConfig
-    from data_gen.run import run
-    from train.__main__ import main as train
-    from train.export import main as export_run
-
-    root = tmp_path_factory.mktemp("served")
-    datagen = yaml.safe_load((CONFIG_DIR / "datagen" / "toy.yaml").read_text())
-    datagen.update(
-        out=str(root / "data"), tasks={"extract": True, "parse_query": False, "consolidate": False}
-    )
-    run(DatagenConfig.model_validate(datagen), show_progress=False)
-    tiny = yaml.safe_load((CONFIG_DIR / "train" / "tiny.yaml").read_text())
-    tiny.update(
-        dataset_path=str(root / "data"),
-        model_name_or_path=str(root / "base"),
-        output_dir=str(root / "run"),
-        eval_strategy="no",
-        save_strategy="no",
-        report_to=["none"],
-    )
-    tiny["tiny_base"]["tokenizer"] = str(shared_data("qwen3-tokenizer"))
-    (root / "tiny.yaml").write_text(yaml.safe_dump(tiny))
-    assert train(["--config", str(root / "tiny.yaml")]) == 0
-    assert export_run(["--run", str(root / "run"), "--out", str(root / "merged"), "--merge"]) == 0
-    adapter = {k: v for k, v in tiny.items() if k != "tiny_base"}
-    adapter.update(
-        model_name_or_path=str(root / "merged"),
-        output_dir=str(root / "adapter-run"),
-        lora_modules_to_save=None,
-        lora_r=8,
-        lora_alpha=16,
-        max_steps=8,
-        learning_rate=2e-3,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-    )
-    (root / "adapter.yaml").write_text(yaml.safe_dump(adapter))
-    assert train(["--config", str(root / "adapter.yaml")]) == 0
-    assert export_run(["--run", str(root / "adapter-run"), "--out", str(root / "adapter")]) == 0
-    return {"merged": root / "merged", "adapter": root / "adapter", "data": root / "data"}
-
-
 @pytest.fixture(scope="module", params=["merged", "adapter"])
-def served(request, exports, tmp_path_factory):
+def served(request, tiny_exports, tmp_path_factory):
     """vLLM serving the merged export, then the adapter over its base (pytest runs one at a time)."""
     kind = request.param
     port = free_port()
     log = tmp_path_factory.mktemp(f"vllm-{kind}") / "vllm.log"
-    with vllm_service(log, port=port, **{"model" if kind == "merged" else "adapter": str(exports[kind])}):
+    with vllm_service(
+        log, port=port, **{"model" if kind == "merged" else "adapter": str(tiny_exports[kind])}
+    ):
         yield kind, f"http://127.0.0.1:{port}/v1"
 
 
@@ -192,7 +147,7 @@ def http(method: str, url: str, key: str | None = None, body: dict | None = None
 @pytest.mark.integration
 @pytest.mark.slow
 @needs_vllm
-def test_served_extractor_is_schema_valid_under_structured_outputs(served, exports, tmp_path):
+def test_served_extractor_is_schema_valid_under_structured_outputs(served, tiny_exports, tmp_path):
     """A batch of held-out windows through `dimmem eval extraction` against the server: every answer that
     ends parses and meets the strict schema, few are cut off; an adapter's answers are not its base's."""
     from eval.cli import main as evaluate
@@ -208,7 +163,7 @@ def test_served_extractor_is_schema_valid_under_structured_outputs(served, expor
                 [
                     "extraction",
                     "--references",
-                    f"{exports['data']}:test",
+                    f"{tiny_exports['data']}:test",
                     "--base-url",
                     url,
                     "--model",
@@ -251,7 +206,7 @@ def test_served_extractor_is_schema_valid_under_structured_outputs(served, expor
 @pytest.mark.integration
 @pytest.mark.slow
 @needs_vllm
-def test_served_model_spoken_to_in_the_authors_format(served, exports, tmp_path):
+def test_served_model_spoken_to_in_the_authors_format(served, tiny_exports, tmp_path):
     """`extractor_format: dimmem-paper` against vLLM: their line layout and their JSON Schema with integer
     message numbers, which xgrammar accepts. The tiny model learned this project's JSON, not their format:
     its answers under their grammar seldom end within the budget (and with whitespace allowed, it pads
@@ -269,7 +224,7 @@ def test_served_model_spoken_to_in_the_authors_format(served, exports, tmp_path)
     kind, url = served
     if kind != "merged":
         pytest.skip("the format is the client's: one served model shows it")
-    out, references = tmp_path / "paper", f"{exports['data']}:test"
+    out, references = tmp_path / "paper", f"{tiny_exports['data']}:test"
     args = ["extraction", "--references", references, "--base-url", url, "--model", "dimmem-extractor"]
     args += ["--extractor-format", "dimmem-paper", "--max-tokens", "96", "--limit", "4", "--out", str(out)]
     assert evaluate(args) == 0
@@ -325,7 +280,7 @@ def test_served_model_spoken_to_in_the_authors_format(served, exports, tmp_path)
 @pytest.mark.integration
 @pytest.mark.slow
 @needs_vllm
-def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
+def test_memory_service_over_the_served_extractor(served, tiny_exports, tmp_path):
     """`dimmem serve api` with configs/memory/served-tiny.yaml pointed at the server: a new conversation
     is added, a stored memory is found by search, the other tenant sees none of it."""
     from devtools.serve_demo import CONVERSATION_INDEX, toy_messages
@@ -333,7 +288,7 @@ def test_memory_service_over_the_served_extractor(served, exports, tmp_path):
     _, url = served
     memory = yaml.safe_load((CONFIG_DIR / "memory" / "served-tiny.yaml").read_text())
     memory["model"]["base_url"] = url
-    memory["windows"]["tokenizer"] = str(exports["merged"])
+    memory["windows"]["tokenizer"] = str(tiny_exports["merged"])
     (tmp_path / "memory.yaml").write_text(yaml.safe_dump(memory))
     port = free_port()
     (tmp_path / "serve.yaml").write_text(

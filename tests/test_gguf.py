@@ -1,0 +1,181 @@
+"""The extractor on a laptop: a merged export as GGUF files (f16, q8_0, q4_k_m) with an Ollama Modelfile,
+served by llama.cpp (xllamacpp) behind an OpenAI-compatible endpoint under each window's JSON Schema, and
+a real open-weight LLM labeling windows through the datagen stage on that server."""
+
+import json
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+import yaml
+
+from dimmem.contract.tokens import render_prompt
+from dimmem.launch import free_port
+from dimmem.paths import CONFIG_DIR, shared_data
+from serve.llamacpp import LlamaCppError, llamacpp_service, resolve_model, server_params
+from train.gguf_export import GgufExportError, _llama_cpp_quantize, _more_bits, modelfile, parse_types
+
+# ---- unit ------------------------------------------------------------------------------------------------
+
+
+def test_types_come_in_order_of_preference_and_a_typo_is_refused():
+    assert parse_types("Q4_K_M, f16,q8_0,f16") == ["q8_0", "f16", "q4_k_m"]
+    for bad in ("q5_k", "", "f16,q3"):
+        with pytest.raises(GgufExportError, match="choose from q8_0, f16, q4_k_m"):
+            parse_types(bad)
+
+
+def test_q4_k_m_gives_more_bits_to_llama_cpps_layers():
+    """llama.cpp's use_more_bits: the first and last eighth of the layers and every third between."""
+    assert [i for i in range(24) if _more_bits(i, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
+    assert [i for i in range(2) if _more_bits(i, 2)] == [1]  # a 2-layer model: its last
+
+
+def test_k_quants_go_through_llama_cpps_kernel_and_read_back():
+    """Q4_K and Q6_K, which gguf-py cannot write, come from ggml_quantize_chunk; gguf-py's reader gets the
+    matrix back within each type's error, Q6_K closer than Q4_K."""
+    x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    errors = {}
+    with _llama_cpp_quantize():
+        for name in ("Q4_K", "Q6_K"):
+            qtype = gguf.GGMLQuantizationType[name]
+            packed = gguf.quants.quantize(x, qtype)
+            assert packed.dtype == np.uint8 and packed.shape == (
+                3,
+                512 // 256 * gguf.GGML_QUANT_SIZES[qtype][1],
+            )
+            errors[name] = float(np.abs(gguf.quants.dequantize(packed, qtype) - x).mean())
+    assert errors["Q6_K"] < errors["Q4_K"] < 0.1
+    with pytest.raises(NotImplementedError):  # restored afterwards: gguf-py alone cannot write Q4_K
+        gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_K)
+
+
+def test_modelfile_lays_out_the_prompt_as_the_chat_template(qwen3_tokenizer):
+    """Ollama's template, filled with a system and a user message, is the very prompt the model trained on
+    (Qwen3 with thinking off); it stops at the end of the turn and decodes greedily."""
+    text = modelfile("model-q8_0.gguf", qwen3_tokenizer, 4096)
+    assert text.startswith("FROM ./model-q8_0.gguf\n")
+    assert 'PARAMETER stop "<|im_end|>"' in text and "PARAMETER temperature 0" in text
+    assert "PARAMETER num_ctx 4096" in text
+    template = text.split('TEMPLATE """')[1].split('"""')[0]
+    system, user = "Extract memories.", "t1 Ann: I moved to Oslo."
+    filled = template.replace("{{ .System }}", system).replace("{{ .Prompt }}", user)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    assert filled == render_prompt(qwen3_tokenizer, messages)
+    assert filled.endswith("<think>\n\n</think>\n\n")
+
+
+def test_llama_cpp_is_refused_what_it_cannot_serve_in_one_line(tmp_path):
+    with pytest.raises(LlamaCppError, match="no such GGUF file or export folder"):
+        resolve_model(tmp_path / "missing")
+    with pytest.raises(LlamaCppError, match="no dimmem_export.json"):
+        resolve_model(tmp_path)
+    (tmp_path / "dimmem_export.json").write_text(json.dumps({"merged": True, "run": "runs/x"}))
+    with pytest.raises(LlamaCppError, match="--merge --gguf q8_0"):
+        resolve_model(tmp_path)
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(LlamaCppError, match="notes.gguf: not a readable GGUF file"):
+        resolve_model(text)
+
+
+# ---- the tiny model and a real teacher (integration) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_export(tiny_exports, tmp_path_factory):
+    """The demo's tiny run exported merged with all three GGUF types."""
+    from train.export import main as export_run
+
+    out = tmp_path_factory.mktemp("gguf") / "export"
+    run = str(tiny_exports["run"])
+    assert export_run(["--run", run, "--out", str(out), "--merge", "--gguf", "q4_k_m,f16,q8_0"]) == 0
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_export_writes_gguf_files_that_carry_their_settings(gguf_export, tmp_path):
+    meta = json.loads((gguf_export / "dimmem_export.json").read_text())
+    assert meta["gguf"] == {"q8_0": "model-q8_0.gguf", "f16": "model-f16.gguf", "q4_k_m": "model-q4_k_m.gguf"}
+    assert not list(gguf_export.glob("*.partial"))
+    sizes = {k: (gguf_export / name).stat().st_size for k, name in meta["gguf"].items()}
+    assert sizes["q4_k_m"] < sizes["q8_0"] < sizes["f16"]
+    path, settings = resolve_model(gguf_export)  # the export's first choice, its settings from the file
+    assert path.name == "model-q8_0.gguf"
+    assert settings == {
+        "max_model_len": meta["max_model_len"],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "checkpoint": None,
+    }
+    reader = gguf.GGUFReader(gguf_export / "model-q4_k_m.gguf")
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    # the tiny model's 128-wide rows are no whole 256-value super-block: llama.cpp's fallback types
+    assert types["output.weight"] == "Q8_0" and types["blk.0.attn_q.weight"] == "Q5_0"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    params = server_params(path, settings, port=9, parallel=2)
+    assert params.n_ctx == 2 * meta["max_model_len"] and params.default_template_kwargs == {
+        "enable_thinking": "false"
+    }
+    assert (gguf_export / "Modelfile").read_text().startswith("FROM ./model-q8_0.gguf\n")
+    card = (gguf_export / "README.md").read_text()
+    assert "## llama.cpp and Ollama" in card and "dimmem serve llamacpp --model model-q8_0.gguf" in card
+    cut = tmp_path / "cut.gguf"  # an interrupted download: one line, before llama.cpp sees it
+    cut.write_bytes((gguf_export / "model-q8_0.gguf").read_bytes()[:200_000])
+    with pytest.raises(LlamaCppError, match="cut.gguf: (truncated|not a readable GGUF)"):
+        resolve_model(cut)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_llama_cpp_serves_the_tiny_export_as_the_hf_path_extracts(gguf_export, tiny_exports, tmp_path):
+    """12 held-out toy windows through `dimmem eval extraction`: llama.cpp on q8_0 under each window's JSON
+    Schema, and transformers on the merged weights. Every answer that ends parses and meets the schema, and
+    memory F1 is within 0.02 of the HF path's."""
+    from eval.cli import main as evaluate
+
+    common = ["extraction", "--references", f"{tiny_exports['data']}:test", "--limit", "12"]
+    common += ["--max-tokens", "768"]
+    assert evaluate([*common, "--hf-model", str(gguf_export), "--out", str(tmp_path / "hf")]) == 0
+    port = free_port()
+    with llamacpp_service(tmp_path / "llamacpp.log", gguf_export, port, quant="q8_0"):
+        url = f"http://127.0.0.1:{port}/v1"
+        args = ["--base-url", url, "--model", "dimmem-extractor", "--out", str(tmp_path / "llamacpp")]
+        assert evaluate([*common, *args]) == 0
+    hf, served = (json.loads((tmp_path / n / "metrics.json").read_text()) for n in ("hf", "llamacpp"))
+    assert served["windows"] == hf["windows"] == 12 and served["memories_predicted"] > 0
+    assert served["parse_rate"] == served["schema_valid_rate"] == 1.0 - served["truncation_rate"]
+    assert served["truncation_rate"] <= 1 / 3
+    assert abs(served["memory_f1"] - hf["memory_f1"]) <= 0.02, (served["memory_f1"], hf["memory_f1"])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_real_llm_labels_locomo_windows_through_llama_cpp(tmp_path):
+    """Qwen2.5-Coder-0.5B-Instruct (the student's base, a GGUF file from PyPI chunk packages) as the datagen
+    teacher on llama.cpp: each answer is held to the window's schema by the grammar, every labeled window
+    passes the validator, and what it got wrong is quarantined with the validator's reason, not kept."""
+    from data_gen.config import DatagenConfig
+    from data_gen.run import run as datagen
+    from train.gguf_base import assemble_parts
+
+    spec = yaml.safe_load((CONFIG_DIR / "train" / "qwen25-coder-0.5b-locomo.yaml").read_text())["gguf_base"]
+    teacher = assemble_parts(spec["parts"], tmp_path / spec["file"], spec.get("sha256"))
+    config = yaml.safe_load((CONFIG_DIR / "datagen" / "locomo-local-teacher.yaml").read_text())
+    port = free_port()
+    config["source"]["input"] = str(shared_data("locomo/locomo10.json"))
+    config["source"]["include"] = ["conv-26"]
+    config["windows"]["tokenizer"] = str(shared_data("qwen3-tokenizer"))
+    config.update(out=str(tmp_path / "labels"), limit=2)
+    config["teacher"].update(base_url=f"http://127.0.0.1:{port}/v1", max_tokens=384, max_tokens_cap=384)
+    with llamacpp_service(tmp_path / "teacher.log", teacher, port, name="teacher", ctx=6144):
+        report = datagen(DatagenConfig.model_validate(config), show_progress=False)
+    labels = [json.loads(line) for line in (tmp_path / "labels" / "labels.jsonl").open()]
+    quarantined = [json.loads(line) for line in (tmp_path / "labels" / "quarantine.jsonl").open()]
+    assert len(labels) + len(quarantined) == 2, report
+    assert all(q["reason"] for q in quarantined)
+    assert all(row["status"] == "labeled" for row in labels)
+    for row in labels:  # the validator let these through: speakers of the window, turns it cites
+        for memory in row["value"]["memories"]:
+            assert memory["speaker"] in ("Caroline", "Melanie") and memory["source_turns"]
