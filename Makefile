@@ -53,9 +53,10 @@ demo: install
 		--tokenizer $(SHARED)/qwen3-tokenizer --out $(RUNS)/windows-locomo-15-3.jsonl
 	# label a generated toy world with its oracle teacher (no LLM) into the SFT dataset
 	$(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
-	# LoRA SFT of a tiny random Qwen3 on that dataset (CPU), then merge and export it
+	# LoRA SFT of a tiny random Qwen3 on that dataset (CPU), then merge and export it, also as a GGUF file
+	# for llama.cpp and Ollama (`dimmem serve llamacpp --model $(RUNS)/export-tiny`; docs/serve.md)
 	$(BIN)/dimmem train --config configs/train/tiny.yaml
-	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge
+	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge --gguf q8_0
 	# what training taught: the untrained and the trained tiny model on held-out toy windows (unconstrained)
 	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/tiny-base --max-tokens 768 --out $(RUNS)/eval-untrained
 	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/export-tiny --max-tokens 768 --out $(RUNS)/eval-trained
@@ -80,7 +81,7 @@ PRE := runs/pretrained
 demo-pretrained: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
 	$(BIN)/dimmem train --config configs/train/smollm2-135m.yaml
-	$(BIN)/dimmem export --run $(PRE)/train-smollm2 --out $(PRE)/export-smollm2 --merge
+	$(BIN)/dimmem export --run $(PRE)/train-smollm2 --out $(PRE)/export-smollm2 --merge --gguf q8_0,f16,q4_k_m
 	for m in smollm2-135m-base export-smollm2; do \
 		$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(PRE)/$$m --max-tokens 768 \
 			--out $(PRE)/eval-$$m || exit 1; \
@@ -103,7 +104,7 @@ student: install serve-cpu jemalloc
 	$(BIN)/dimmem datagen --config configs/datagen/locomo-annotations.yaml
 	LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:30000,muzzy_decay_ms:30000,thp:always \
 		$(BIN)/dimmem train --config configs/train/qwen25-coder-0.5b-locomo.yaml
-	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --out $(STU)/export-qwen25-0.5b --merge
+	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --out $(STU)/export-qwen25-0.5b --merge --gguf q8_0,f16,q4_k_m
 	$(BIN)/python -m benchmarks.student_locomo --student qwen2.5-coder-0.5b=$(STU)/export-qwen25-0.5b --out $(STU)/heldout
 
 # Debian's jemalloc (apt-get; root or sudo), for the CPU training of `make student`

@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         report = run_datagen(cfg, show_progress=True)
     labeling_s = time.perf_counter() - started
     labels = str(Path(cfg.out) / "labels.jsonl")
+    rule = extraction(out, "rule", conversations, "--extractor", "turns")
+    teacher = extraction(out, "local-teacher", conversations, "--labels", labels)
     rows = {
-        "rule extractor (every turn a record)": extraction(out, "rule", conversations, "--extractor", "turns"),
-        "Qwen2.5-Coder-1.5B teacher, llama.cpp Q4_K_M": extraction(
-            out, "local-teacher", conversations, "--labels", labels
-        ),
+        "rule extractor (every turn a record)": rule,
+        "Qwen2.5-Coder-1.5B-Instruct teacher (llama.cpp, Q4_K_M)": teacher,
     }
     text = table(rows, {}).split("\n\n")[0]  # extraction only: no retrieval rows here
     (out / "table.md").write_text(text + "\n")

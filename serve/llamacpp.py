@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from dimmem.gguf_file import open_gguf
-from dimmem.launch import Service
+from dimmem.launch import Service, port_in_use
 from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY
 
 SERVED_NAME = "dimmem-extractor"
@@ -123,6 +123,8 @@ def run_llamacpp(args) -> int:
     """Serve until SIGTERM or Ctrl-C."""
     import xllamacpp
 
+    if port_in_use(args.port, args.host):
+        raise LlamaCppError(f"{args.host}:{args.port} is in use; pick another --port")
     gguf, meta = resolve_model(args.model, args.quant)
     key = None
     if args.api_key_env:
@@ -135,7 +137,10 @@ def run_llamacpp(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = xllamacpp.Server(params)  # loads the model, then listens
+    try:
+        server = xllamacpp.Server(params)  # loads the model, then listens
+    except RuntimeError as exc:  # llama.cpp logged why (memory, architecture, context) above
+        raise LlamaCppError(f"{gguf}: llama.cpp could not start ({exc}); its log above says why") from None
     print(json.dumps({"serving": str(gguf), "name": args.name, "url": f"{server.listening_address}/v1"}))
     sys.stdout.flush()
     stop.wait()

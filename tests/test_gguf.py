@@ -3,6 +3,7 @@ served by llama.cpp (xllamacpp) behind an OpenAI-compatible endpoint under each 
 a real open-weight LLM labeling windows through the datagen stage on that server."""
 
 import json
+import socket
 
 import gguf
 import gguf.quants
@@ -66,6 +67,14 @@ def test_modelfile_lays_out_the_prompt_as_the_chat_template(qwen3_tokenizer):
     assert filled.endswith("<think>\n\n</think>\n\n")
 
 
+def test_gguf_needs_merged_weights(tmp_path):
+    from train.export import export
+
+    with pytest.raises(ValueError, match="--gguf converts merged weights: add --merge"):
+        export(tmp_path / "run", tmp_path / "out", gguf=["q8_0"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_llama_cpp_is_refused_what_it_cannot_serve_in_one_line(tmp_path):
     with pytest.raises(LlamaCppError, match="no such GGUF file or export folder"):
         resolve_model(tmp_path / "missing")
@@ -78,6 +87,21 @@ def test_llama_cpp_is_refused_what_it_cannot_serve_in_one_line(tmp_path):
     text.write_text("not a model")
     with pytest.raises(LlamaCppError, match="notes.gguf: not a readable GGUF file"):
         resolve_model(text)
+    with pytest.raises(LlamaCppError, match="--quant picks a file of an export folder"):
+        resolve_model(text, "q8_0")
+
+
+def test_a_busy_port_is_said_before_the_model_loads(tmp_path, capsys):
+    from serve.cli import main as serve
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        model = tmp_path / "m.gguf"
+        model.write_bytes(b"")  # never read: the port is checked first
+        assert serve(["llamacpp", "--model", str(model), "--port", str(port)]) == 2
+    assert f"127.0.0.1:{port} is in use; pick another --port" in capsys.readouterr().err
 
 
 # ---- the tiny model and a real teacher (integration) -------------------------------------------------------
