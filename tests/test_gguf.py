@@ -75,6 +75,16 @@ def test_gguf_needs_merged_weights(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_architecture_the_converter_lacks_is_one_line(tmp_path):
+    from train.gguf_export import write_gguf
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
+    with pytest.raises(
+        GgufExportError, match="converter has no NoSuchForCausalLM; serve this export with vLLM"
+    ):
+        write_gguf(tmp_path, ["q8_0"], {})
+
+
 def test_llama_cpp_is_refused_what_it_cannot_serve_in_one_line(tmp_path):
     with pytest.raises(LlamaCppError, match="no such GGUF file or export folder"):
         resolve_model(tmp_path / "missing")
@@ -149,6 +159,28 @@ def test_the_export_writes_gguf_files_that_carry_their_settings(gguf_export, tmp
     cut.write_bytes((gguf_export / "model-q8_0.gguf").read_bytes()[:200_000])
     with pytest.raises(LlamaCppError, match="cut.gguf: (truncated|not a readable GGUF)"):
         resolve_model(cut)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_failed_conversion_leaves_the_safetensors_export_whole(tiny_exports, tmp_path, monkeypatch, capsys):
+    """A GGUF that fails (here: a full disk while writing) costs the GGUF files only: the merged export
+    and its dimmem_export.json are complete, and the command says what failed."""
+    import train.export
+    import train.gguf_export
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train.gguf_export, "write_gguf", full_disk)
+    out = tmp_path / "export"
+    assert (
+        train.export.main(["--run", str(tiny_exports["run"]), "--out", str(out), "--merge", "--gguf", "q8_0"])
+        == 2
+    )
+    assert "No space left on device" in capsys.readouterr().err
+    meta = json.loads((out / "dimmem_export.json").read_text())
+    assert meta["merged"] and "gguf" not in meta and (out / "model.safetensors").is_file()
 
 
 @pytest.mark.integration

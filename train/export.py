@@ -104,11 +104,19 @@ def export(
     }
     if base := gguf_provenance(run_config["base_model"]):
         export_config["base_provenance"] = base
+    # the safetensors export is complete before any conversion: a GGUF that fails (an architecture the
+    # converter lacks, a full disk) costs only the GGUF files
+    write_export_files(out, export_config, run_config, run)
     if gguf:
         export_config["gguf"] = gguf_files(out, gguf, export_config, tokenizer)
+        write_export_files(out, export_config, run_config, run)
+    return out
+
+
+def write_export_files(out: Path, export_config: dict, run_config: dict, run: Path) -> None:
+    """dimmem_export.json and the model card, from what the export holds so far."""
     (out / EXPORT_CONFIG).write_text(json.dumps(export_config, indent=2) + "\n")
     (out / "README.md").write_text(model_card(run_config, export_config, run))
-    return out
 
 
 def gguf_files(out: Path, kinds: list[str], export_config: dict, tokenizer) -> dict:
