@@ -69,8 +69,12 @@ def write_gguf(folder: Path, kinds: list[str], settings: dict, pre_tokenizer_fro
             "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
         }[kind]
         converter = _converter(base_class, settings, pre)(folder, ftype, partial, model_name=folder.name)
-        with _quietly(), _llama_cpp_quantize() if kind == "q4_k_m" else contextlib.nullcontext():
-            converter.write()
+        try:
+            with _quietly(), _llama_cpp_quantize() if kind == "q4_k_m" else contextlib.nullcontext():
+                converter.write()
+        except BaseException:  # a full disk or Ctrl-C: no half-written file is left to mistake for one
+            partial.unlink(missing_ok=True)
+            raise
         partial.replace(out)
         written[kind] = out.name
     return written
