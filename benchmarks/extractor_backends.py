@@ -17,11 +17,12 @@ import json
 import time
 from pathlib import Path
 
+from benchmarks.student_locomo import endpoint
 from dimmem.launch import free_port
-from dimmem.paths import EXPORT_CONFIG, write_json
+from dimmem.paths import read_export_config, write_json
 from eval.cli import main as eval_main
 from serve.llamacpp import llamacpp_service
-from serve.vllm import SERVED_NAME, vllm_service
+from serve.vllm import vllm_service
 
 
 def extraction(out: Path, name: str, common: list[str], *source: str) -> dict:
@@ -29,11 +30,6 @@ def extraction(out: Path, name: str, common: list[str], *source: str) -> dict:
     if eval_main(["extraction", *common, *source, "--out", str(folder)]) != 0:
         raise SystemExit(f"{name}: the extraction run failed (its message is above)")
     return json.loads((folder / "metrics.json").read_text())
-
-
-def endpoint(port: int) -> list[str]:
-    url = f"http://127.0.0.1:{port}/v1"
-    return ["--base-url", url, "--model", SERVED_NAME, "--concurrency", "1", "--set", "model.timeout=1800"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     export, out = Path(args.export), Path(args.out)
-    meta = json.loads((export / EXPORT_CONFIG).read_text())
+    meta = read_export_config(export)
     if not meta.get("merged") or not meta.get("gguf"):
         raise SystemExit(f"{export}: export the run with --merge --gguf f16,q8_0,q4_k_m first")
     out.mkdir(parents=True, exist_ok=True)
@@ -66,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm" in backends:
         port = free_port()
         with vllm_service(out / "vllm.log", port, model=str(export)):
-            rows["vLLM CPU (fp32)"] = extraction(out, "vllm", common, *endpoint(port))
+            rows["vLLM CPU (fp32)"] = extraction(out, "vllm", common, *endpoint(port, 1))
     if "llamacpp" in backends:
         for kind in meta["gguf"]:
             port = free_port()
             with llamacpp_service(out / f"llamacpp-{kind}.log", export, port, quant=kind):
-                rows[f"llama.cpp {kind}"] = extraction(out, f"llamacpp-{kind}", common, *endpoint(port))
+                rows[f"llama.cpp {kind}"] = extraction(out, f"llamacpp-{kind}", common, *endpoint(port, 1))
     text = table(rows)
     (out / "table.md").write_text(text + "\n")
     write_json(

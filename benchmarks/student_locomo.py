@@ -64,19 +64,21 @@ def extraction(out: Path, name: str, conversations: list[str], *source: str) -> 
     return json.loads((folder / "metrics.json").read_text())
 
 
+def endpoint(port: int, concurrency: int) -> list[str]:
+    """`dimmem eval extraction` flags for the extractor served on this machine's `port`: a CPU answers
+    one long window in minutes while the others in flight share it, so the timeout is long."""
+    url = f"http://127.0.0.1:{port}/v1"
+    return [
+        *("--base-url", url, "--model", SERVED_NAME, "--concurrency", str(concurrency)),
+        *("--set", "model.timeout=1800", "--set", "model.max_retries=1"),
+    ]
+
+
 def served(out: Path, name: str, export: str, conversations: list[str]) -> dict:
     port = free_port()
     log = out / f"{name}.vllm.log"
     with vllm_service(log, port, model=export, max_model_len=MAX_MODEL_LEN):
-        url = f"http://127.0.0.1:{port}/v1"
-        return extraction(
-            out,
-            name,
-            conversations,
-            *("--base-url", url, "--model", SERVED_NAME, "--max-tokens", str(MAX_TOKENS)),
-            # a CPU answers one long window in minutes while seven others share it
-            *("--concurrency", "8", "--set", "model.timeout=1800", "--set", "model.max_retries=1"),
-        )
+        return extraction(out, name, conversations, *endpoint(port, 8), "--max-tokens", str(MAX_TOKENS))
 
 
 def retrieval(out: Path, name: str, memories: str, conversations: list[str]) -> dict:

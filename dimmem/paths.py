@@ -16,6 +16,17 @@ EXPORT_CONFIG = "dimmem_export.json"  # beside an export's weights: how it was t
 GGUF_SETTINGS_KEY = "dimmem.export"  # the same serving settings (JSON) inside each GGUF file of an export
 
 
+def read_export_config(folder: str | Path) -> dict:
+    """An export folder's `dimmem_export.json` (FileNotFoundError: the folder is not an export), the one
+    reader for every command that serves, converts or benchmarks an export."""
+    path = Path(folder) / EXPORT_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder}: not an export folder (no {EXPORT_CONFIG}; `dimmem export` writes it)"
+        )
+    return json.loads(path.read_text())
+
+
 def shared_data_dir() -> Path:
     return Path(os.environ.get("DIMMEM_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
 

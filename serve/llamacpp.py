@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dimmem.gguf_file import open_gguf
 from dimmem.launch import Service, port_in_use
-from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY
+from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY, read_export_config
 
 SERVED_NAME = "dimmem-extractor"
 
@@ -42,12 +42,10 @@ def resolve_model(model: str | Path, quant: str | None = None) -> tuple[Path, di
         return path, gguf_settings(path)
     if not path.is_dir():
         raise LlamaCppError(f"{path}: no such GGUF file or export folder")
-    meta_path = path / EXPORT_CONFIG
-    if not meta_path.is_file():
-        raise LlamaCppError(
-            f"{path}: no {EXPORT_CONFIG}; serve a .gguf file or a folder `dimmem export` wrote"
-        )
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = read_export_config(path)
+    except FileNotFoundError as exc:
+        raise LlamaCppError(f"{exc}; serve an export folder or a .gguf file") from None
     files = meta.get("gguf") or {}
     if not files:
         raise LlamaCppError(
@@ -59,7 +57,7 @@ def resolve_model(model: str | Path, quant: str | None = None) -> tuple[Path, di
     chosen = quant or next(iter(files))  # the export lists its files in order of preference
     gguf = path / files[chosen]
     if not gguf.is_file():
-        raise LlamaCppError(f"{gguf}: listed in {meta_path} but missing; export it again")
+        raise LlamaCppError(f"{gguf}: listed in {path / EXPORT_CONFIG} but missing; export it again")
     return gguf, gguf_settings(gguf)
 
 

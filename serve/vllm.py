@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 
 from dimmem.launch import Service
-from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
+from dimmem.paths import REPO_ROOT, read_export_config
 
 SERVED_NAME = "dimmem-extractor"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -29,13 +29,6 @@ VLLM_VENV = REPO_ROOT / ".venv-vllm"  # built by `make serve-cpu`
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 VLLM_READY = (VLLM_VENV / ".installed").exists()
 DEFAULT_PYTHON = str(VLLM_PYTHON) if VLLM_READY else "python"
-
-
-def _export_config(folder: str | Path) -> dict:
-    path = Path(folder) / EXPORT_CONFIG
-    if not path.exists():
-        raise FileNotFoundError(f"{folder}: no {EXPORT_CONFIG}; serve a folder written by `dimmem export`")
-    return json.loads(path.read_text())
 
 
 def vllm_command(
@@ -60,7 +53,7 @@ def vllm_command(
         )
     from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS  # (transformers: not needed to parse the CLI)
 
-    meta = _export_config(model or adapter)
+    meta = read_export_config(model or adapter)
     if model is not None and not meta.get("merged"):
         raise ValueError(
             f"{model} holds an adapter, not merged weights: "

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
-from dimmem.paths import EXPORT_CONFIG, REPO_ROOT
+from dimmem.paths import EXPORT_CONFIG, REPO_ROOT, read_export_config
 from train.gguf_base import provenance as gguf_provenance
 
 RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
@@ -299,10 +299,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.push_to_hub or args.run or args.out:
             raise ConfigError("--push-only FOLDER takes --push-to-hub REPO (and no --run or --out)")
         folder = Path(args.push_only)
-        if not (folder / EXPORT_CONFIG).is_file():
-            raise FileNotFoundError(
-                f"{folder}: not an export folder (no {EXPORT_CONFIG}; dimmem export writes it)"
-            )
+        read_export_config(folder)  # FileNotFoundError: not an export folder
         print(f"pushed to {push_checked(folder, args)}")
         return 0
     if not args.run or not args.out:
