@@ -254,6 +254,97 @@ def test_the_rules_decide_inside_the_records_write_block_a_model_outside_it(
     assert blocks == [False, True]
 
 
+def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, memory_factory):
+    """The rules decide a batch over one view of the store (a few reads at its start, its own writes laid
+    over them). It must answer what the store would: the same events, and the same records in the same
+    states, as the same records decided one at a time on the store itself (a consolidator that is not
+    the rules' own object takes that path). The batch holds a restatement of a stored record, a record
+    restated later in the batch, a move told out of order (a history record), an id already stored and
+    an id given twice; and with `max_candidates` 2 below the three records sharing `cat`, an earlier
+    telling that arrives late and takes the first of them out of use, after which the third is the
+    candidate of a restatement: the view must read each keyword deep enough to stand in for the records
+    the batch makes inactive."""
+    settings = {"update": {**LOOSE, "max_candidates": 2}}
+    stored = [
+        rec(id=f"g{n}", content=f"Ann grows {plant} in her garden.", keywords=["Ann", "garden", plant])
+        for n, plant in enumerate(["tomatoes", "roses", "basil", "tulips"])
+    ] + [
+        rec(
+            id="home-1",
+            type="fact",
+            content="Ann lives in Denver.",
+            keywords=["Ann", "home", "Denver"],
+            location="Denver",
+            session_time="2023-06-01T10:00",
+        )
+    ]
+    cat = {"type": "fact", "session_time": "2023-06-10T10:00"}
+    stored += [
+        rec(id="c1", content="Ann's cat is named Milo.", keywords=["Ann", "cat", "Milo"], **cat),
+        rec(id="c2", content="Ann's cat likes tuna.", keywords=["Ann", "cat", "tuna"], **cat),
+        rec(id="c3", content="Ann's cat sleeps on the sofa.", keywords=["Ann", "cat", "sofa"], **cat),
+    ]
+    batch = [
+        rec(id="g9", content="Ann grows roses in her little garden.", keywords=["Ann", "garden", "roses"]),
+        rec(id="hike-1", content="Ann went hiking at Eagle Peak.", keywords=["Ann", "hiking", "Eagle Peak"]),
+        rec(id="hike-2", content="Ann went hiking at Eagle Peak again.", keywords=["Ann", "hiking"]),
+        rec(
+            id="home-3",
+            type="fact",
+            content="Ann lives in Austin.",
+            keywords=["Ann", "home", "Austin"],
+            location="Austin",
+            session_time="2023-06-20T10:00",
+        ),
+        rec(
+            id="home-2",
+            type="fact",
+            content="Ann lives in Boston.",
+            keywords=["Ann", "home", "Boston"],
+            location="Boston",
+            session_time="2023-06-10T10:00",
+        ),
+        rec(
+            id="z1",
+            content="Ann's cat is named Milo.",
+            keywords=["Ann", "cat"],
+            **{**cat, "session_time": "2023-06-01"},
+        ),
+        rec(id="z2", content="Ann's cat sleeps on the sofa all day.", keywords=["Ann", "cat"], **cat),
+        stored[0],
+        rec(id="hike-1", content="Ann went hiking at Eagle Peak."),
+    ]
+    results = []
+    for name, consolidator in (("batch", None), ("one", lambda new, old, sim: RULES(new, old, sim))):
+        memory = memory_factory(settings, store=name, embedder=embedder, consolidator=consolidator)
+        memory.add_records(stored, user_id="ann")
+        events = memory.add_records(batch, user_id="ann")
+        states = {
+            r["id"]: (r["status"], r["version"], r["content"], sorted(r["keywords"]))
+            for r in memory.store.records("ann", status=None)
+        }
+        results.append((events, states))
+    assert results[0] == results[1]
+    events, states = results[0]
+    assert [e["action"] for e in events] == [
+        "MERGE",
+        "KEEP_BOTH",
+        "MERGE",
+        "SUPERSEDE",
+        "HISTORY",
+        "MERGE",
+        "MERGE",
+        "UNCHANGED",
+        "UNCHANGED",
+    ]
+    assert events[5:7] == [
+        {"id": "z1", "action": "MERGE", "target": "c1"},  # an earlier telling: c1 merged into it
+        {"id": "z2", "action": "MERGE", "target": "c3"},  # c3: reached past c1, out of use
+    ]
+    assert states["g9"][0] == "merged" and states["hike-2"][0] == "merged"
+    assert [i for i, s in states.items() if s[0] == "active" and i.startswith("home")] == ["home-3"]
+
+
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(loose, embedder, memory_factory):
     memory = loose
     first = rec(

@@ -28,6 +28,7 @@ from dimmem.contract.validate import validate
 from dimmem.runtime.config import UpdateConfig
 from dimmem.runtime.consolidate import KEEP_BOTH, RuleConsolidator, decision_scope, recency
 from dimmem.runtime.stores import RecordLog
+from dimmem.runtime.update_batch import BatchView, StoreView
 
 SPEAKER_PROBES = 5  # update candidates above the threshold read to find the closest of the same speaker
 CONSOLIDATION_ATTEMPTS = 3  # fresh decisions when the target changed meanwhile, then KEEP_BOTH
@@ -65,17 +66,18 @@ class UpdatePath:
             return events
         events = []
         with self.lock, self.store.transaction():
+            view = BatchView(self.store, user_id, records, self._keys, self.config.max_candidates)
             for record in records:
                 vector = vectors.get(record["id"])
-                if vector is None or self.store.get(user_id, record["id"]) is not None:
+                if vector is None or view.exists(record["id"]):
                     events.append(_unchanged(record))
                     continue
-                best, similarity, candidate = self._candidate(user_id, record, vector, active, False)
+                best, similarity, candidate = self._candidate(view, record, vector, active, False)
                 decision = self._consult(record, candidate, similarity)
                 merged = (
                     self.encode([decision["memory"]["content"]])[0] if decision["action"] == "MERGE" else None
                 )
-                events.append(self._apply(user_id, record, vector, candidate, decision, merged))
+                events.append(self._apply(view, record, vector, candidate, decision, merged))
                 active += events[-1]["action"] == "KEEP_BOTH"
         return events
 
@@ -84,43 +86,48 @@ class UpdatePath:
         the write in another block that re-reads the target (deleted, merged away or changed by another
         writer meanwhile: decide again; the last attempt keeps both). `active`: the user's active
         records before this one (a statistic: this writer's count)."""
+        view = StoreView(self.store, user_id)
         for attempt in range(CONSOLIDATION_ATTEMPTS + 1):
             last = attempt == CONSOLIDATION_ATTEMPTS  # the last attempt: KEEP_BOTH
             with self.lock, self.store.transaction(write=False):  # the reads for one decision
-                best, similarity, candidate = self._candidate(user_id, record, vector, active, last)
+                best, similarity, candidate = self._candidate(view, record, vector, active, last)
             decision = self._consult(record, candidate, similarity)  # a model call, maybe
             merged = None
             if decision["action"] == "MERGE":
                 merged = self.encode([decision["memory"]["content"]])[0]
             with self.lock, self.store.transaction():
-                if self.store.get(user_id, record["id"]) is not None:
+                if view.exists(record["id"]):
                     return _unchanged(record)
                 if decision["action"] != "KEEP_BOTH":
-                    now = self.store.get(user_id, best)
+                    now = view.get(best)
                     if now is None or (now["status"], now["version"]) != ("active", candidate["version"]):
                         self.stats["stale_consolidations"] += 1
                         continue
-                return self._apply(user_id, record, vector, candidate, decision, merged)
+                return self._apply(view, record, vector, candidate, decision, merged)
         raise AssertionError("unreachable: the last attempt keeps both")
 
+    def _keys(self, record: dict) -> list[str]:
+        """The keywords a record's candidates share with it: all but the speaker's name (the authors'
+        filter: all)."""
+        names = set() if self.config.candidates == "paper" else {record["speaker"].casefold()}
+        return [k for k in record["keywords"] if k.casefold() not in names]
+
     def _candidate(
-        self, user_id: str, record: dict, vector: np.ndarray, active: int, last: bool
+        self, view: StoreView, record: dict, vector: np.ndarray, active: int, last: bool
     ) -> tuple[str | None, float, dict | None]:
         """The stored record to consolidate the new one with: (id, similarity, record), or (None, 0, None)
         when none is close enough, and on the `last` attempt (which keeps both without looking)."""
         if last:
             return None, 0.0, None
         paper = self.config.candidates == "paper"
-        names = set() if paper else {record["speaker"].casefold()}
-        keys = [k for k in record["keywords"] if k.casefold() not in names]
-        candidates = self.store.lookup.keywords(user_id, record["type"], keys, self.config.max_candidates)
+        candidates = view.keywords(record["type"], self._keys(record), self.config.max_candidates)
         if paper:
-            candidates = self._paper_candidates(user_id, record, candidates)
+            candidates = self._paper_candidates(view, record, candidates)
         self.stats["embedding_comparisons"] += len(candidates)
         self.stats["baseline_comparisons"] += active  # comparing with every active record
         if not candidates:
             return None, 0.0, None
-        return self._closest(user_id, record, vector, candidates, paper)
+        return self._closest(view, record, vector, candidates, paper)
 
     def _consult(self, record: dict, candidate: dict | None, similarity: float) -> dict:
         """The consolidator's decision; KEEP_BOTH without a candidate or for an invalid decision."""
@@ -134,7 +141,7 @@ class UpdatePath:
 
     def _apply(
         self,
-        user_id: str,
+        view: StoreView,
         record: dict,
         vector: np.ndarray,
         candidate: dict | None,
@@ -146,26 +153,26 @@ class UpdatePath:
         later (`recency`). Returns the record's event."""
         action, memory, new_id = decision["action"], decision["memory"], record["id"]
         if action == "KEEP_BOTH":
-            self.store.insert(user_id, record, vector)
+            view.insert(record, vector)
         elif action == "MERGE" and recency(record) > recency(candidate):  # the first telling stays
-            self.store.insert(user_id, record, vector)
-            self.store.set_status(user_id, new_id, "merged", f"MERGED_INTO {candidate['id']}")
-            self.store.revise(user_id, candidate["id"], memory, merged, f"MERGE {new_id}")
+            view.insert(record, vector)
+            view.set_status(new_id, "merged", f"MERGED_INTO {candidate['id']}")
+            view.revise(candidate["id"], memory, merged, f"MERGE {new_id}")
         elif action == "MERGE":  # an earlier telling arrived late: it stays, with the merged text
-            self.store.set_status(user_id, candidate["id"], "merged", f"MERGED_INTO {new_id}")
-            self.store.insert(user_id, {**record, **memory}, merged)
+            view.set_status(candidate["id"], "merged", f"MERGED_INTO {new_id}")
+            view.insert({**record, **memory}, merged)
         elif recency(record) > recency(candidate):
-            self.store.set_status(user_id, candidate["id"], "superseded", f"SUPERSEDED_BY {new_id}")
-            self.store.insert(user_id, {**record, **memory}, vector)
+            view.set_status(candidate["id"], "superseded", f"SUPERSEDED_BY {new_id}")
+            view.insert({**record, **memory}, vector)
         else:  # it arrived after a later record: stored as that record's history, which stays as it is
-            self.store.insert(user_id, record, vector)
-            self.store.set_status(user_id, new_id, "superseded", f"SUPERSEDED_BY {candidate['id']}")
+            view.insert(record, vector)
+            view.set_status(new_id, "superseded", f"SUPERSEDED_BY {candidate['id']}")
             action = "HISTORY"
         self.stats[action] += 1
         return {"id": new_id, "action": action, "target": None if action == "KEEP_BOTH" else candidate["id"]}
 
     def _closest(
-        self, user_id: str, record: dict, vector: np.ndarray, candidates: list[str], paper: bool = False
+        self, view: StoreView, record: dict, vector: np.ndarray, candidates: list[str], paper: bool = False
     ) -> tuple[str | None, float, dict | None]:
         """The most similar candidate above the threshold whose speaker is the record's: (id, similarity,
         record), or (None, 0, None). Another speaker's record is another person's memory ("Bob loves
@@ -174,15 +181,15 @@ class UpdatePath:
         `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
         threshold = self.config.paper_similarity if paper else self.config.similarity_threshold
         speaker = record["speaker"].casefold()
-        for rid, score in self.store.lookup.closest(user_id, vector, candidates, SPEAKER_PROBES):
+        for rid, score in view.closest(vector, candidates, SPEAKER_PROBES):
             if score < threshold:
                 break
-            found = self.store.get(user_id, rid)
+            found = view.get(rid)
             if found is not None and (paper or found["speaker"].casefold() == speaker):
                 return rid, score, found
         return None, 0.0, None
 
-    def _paper_candidates(self, user_id: str, record: dict, candidates: list[str]) -> list[str]:
+    def _paper_candidates(self, view: StoreView, record: dict, candidates: list[str]) -> list[str]:
         """The DimMem authors' update filter (`update.candidates: paper`), a baseline, on the index's
         candidates (same type, a shared keyword): those whose keyword set (casefolded, the speaker's name
         included) has Jaccard similarity with the record's from `paper_jaccard` on, and that do not come
@@ -191,7 +198,7 @@ class UpdatePath:
         mine = {k.casefold() for k in record["keywords"]}
         when = record.get("session_time")
         kept = []
-        for rid, other in self.store.get_many(user_id, candidates).items():
+        for rid, other in view.get_many(candidates).items():
             theirs = {k.casefold() for k in other["keywords"]}
             newer = when and other.get("session_time") and other["session_time"] > when
             if len(mine & theirs) / len(mine | theirs) >= self.config.paper_jaccard and not newer:

@@ -67,6 +67,13 @@ KEYWORD_LOOKUP = (
     "GROUP BY k.record_id ORDER BY shared DESC, k.record_id LIMIT ?"
 )
 
+KEYWORD_ARMS = (  # each (type, keyword) arm reading at most `limit` entries of the lookup index
+    "SELECT a.type, a.keyword, k.record_id FROM unnest(?::text[], ?::text[]) AS a(type, keyword) "
+    "CROSS JOIN LATERAL (SELECT record_id FROM record_keywords r "
+    f"WHERE r.{_TENANT} AND r.user_id=? AND r.type = a.type AND r.keyword = a.keyword "
+    "ORDER BY r.record_id LIMIT ?) k"
+)
+
 
 @cache
 def _translate(query: str) -> str:
@@ -260,6 +267,13 @@ class PostgresDialect:
     def keywords(self, sql: Sql, user_id: str, types: list[str], keys: list[str], limit: int) -> list[str]:
         rows = sql.rows(KEYWORD_LOOKUP, (types, keys, user_id, self.limit(limit), self.limit(limit)))
         return [r["record_id"] for r in rows]
+
+    def keyword_arms(
+        self, sql: Sql, user_id: str, arms: list[tuple[str, str]], limit: int
+    ) -> list[tuple[str, str, str]]:
+        types, keys = [t for t, _ in arms], [k for _, k in arms]
+        rows = sql.rows(KEYWORD_ARMS, (types, keys, user_id, self.limit(limit)))
+        return [(r["type"], r["keyword"], r["record_id"]) for r in rows]
 
     # --- schema ------------------------------------------------------------------------------------
     def schema_version(self) -> int:

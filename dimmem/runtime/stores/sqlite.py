@@ -103,6 +103,25 @@ class SQLiteDialect:
         )
         return [r["record_id"] for r in rows]
 
+    def keyword_arms(
+        self, sql: Sql, user_id: str, arms: list[tuple[str, str]], limit: int
+    ) -> list[tuple[str, str, str]]:
+        # each arm reads at most `limit` entries of the lookup index; at most 400 arms a statement (a
+        # compound SELECT has at most 500)
+        arm = (
+            "SELECT * FROM (SELECT ? AS type, ? AS keyword, record_id FROM record_keywords INDEXED BY "
+            "record_keywords_lookup WHERE {user} AND type=? AND keyword=? ORDER BY record_id LIMIT ?)"
+        )
+        out = []
+        for i in range(0, len(arms), 400):
+            part = arms[i : i + 400]
+            rows = sql.rows(
+                " UNION ALL ".join([arm] * len(part)),
+                tuple(p for t, key in part for p in (t, key, user_id, t, key, limit)),
+            )
+            out += [(r["type"], r["keyword"], r["record_id"]) for r in rows]
+        return out
+
     def schema_version(self) -> int:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 

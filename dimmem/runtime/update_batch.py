@@ -1,0 +1,137 @@
+"""What the update path reads and writes: the store itself (a model's decisions, record by record), or,
+for a batch the rules decide in one write block, a view of the store made of a few reads at the batch's
+start with the batch's own writes laid over them. Each record of the batch sees what a record-by-record
+add would have seen (the same candidates, scores and records), without a round trip to the database
+per record: on Postgres those round trips were most of the update path's cost.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from time import time
+
+import numpy as np
+
+from dimmem.runtime.stores import RecordLog
+
+
+class StoreView:
+    """The update path's reads and writes, straight on the store (inside the caller's blocks)."""
+
+    def __init__(self, store: RecordLog, user_id: str):
+        self.store, self.user = store, user_id
+
+    def exists(self, record_id: str) -> bool:
+        return self.store.get(self.user, record_id) is not None
+
+    def keywords(self, kind: str, keys: list[str], limit: int) -> list[str]:
+        return self.store.lookup.keywords(self.user, kind, keys, limit)
+
+    def closest(self, vector: np.ndarray, record_ids: list[str], k: int) -> list[tuple[str, float]]:
+        return self.store.lookup.closest(self.user, vector, record_ids, k)
+
+    def get(self, record_id: str) -> dict | None:
+        return self.store.get(self.user, record_id)
+
+    def get_many(self, record_ids: list[str]) -> dict[str, dict]:
+        return self.store.get_many(self.user, record_ids)
+
+    def insert(self, record: dict, vector: np.ndarray) -> None:
+        self.store.insert(self.user, record, vector)
+
+    def set_status(self, record_id: str, status: str, action: str) -> None:
+        self.store.set_status(self.user, record_id, status, action)
+
+    def revise(self, record_id: str, fields: dict, vector: np.ndarray | None, action: str) -> None:
+        self.store.revise(self.user, record_id, fields, vector, action)
+
+
+class BatchView(StoreView):
+    """One batch's view, inside its write block: which of its ids are stored, the active records its
+    records' keyword arms reach (each arm read `limit` + batch size deep, so however many of them the
+    batch makes inactive, `limit` remain), those records and their vectors: four queries. Then each
+    write goes to the store and into the view (`added`: active records written or revised by the batch,
+    with their vectors; `gone`: records it made inactive)."""
+
+    def __init__(
+        self,
+        store: RecordLog,
+        user_id: str,
+        records: list[dict],
+        keys: Callable[[dict], list[str]],
+        limit: int,
+    ):
+        super().__init__(store, user_id)
+        self.stored = set(store.get_many(user_id, [r["id"] for r in records]))
+        new = [r for r in records if r["id"] not in self.stored]
+        arms = sorted({(r["type"], k) for r in new for k in _folded(keys(r))})
+        self.arms = store.lookup.keyword_arms(user_id, arms, limit + len(records) if limit >= 0 else -1)
+        reached = sorted({rid for ids in self.arms.values() for rid in ids})
+        self.records = store.get_many(user_id, reached)
+        self.vectors = store.lookup.vectors(user_id, reached)
+        self.added: dict[str, dict] = {}
+        self.added_arms: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.gone: set[str] = set()
+
+    def exists(self, record_id: str) -> bool:
+        return record_id in self.stored
+
+    def keywords(self, kind: str, keys: list[str], limit: int) -> list[str]:
+        """`Lookup.keywords` over the view: each arm's first `limit` active records by id, then those
+        sharing the most keys first, ties by id, `limit` of them (-1: all)."""
+        shared: Counter = Counter()
+        for key in _folded(keys):
+            ids = [i for i in self.arms.get((kind, key), ()) if i not in self.gone and i not in self.added]
+            ids = sorted([*ids, *self.added_arms[(kind, key)]])
+            shared.update(ids[:limit] if limit >= 0 else ids)
+        ranked = sorted(shared, key=lambda rid: (-shared[rid], rid))
+        return ranked[:limit] if limit >= 0 else ranked
+
+    def closest(self, vector: np.ndarray, record_ids: list[str], k: int) -> list[tuple[str, float]]:
+        """`Lookup.closest` over the view: the k nearest by cosine, ties by id."""
+        ids = sorted(i for i in record_ids if i in self.vectors)
+        if not ids or k <= 0:
+            return []
+        scores = np.stack([self.vectors[i] for i in ids]) @ np.asarray(vector, dtype=np.float32)
+        return [(ids[i], float(scores[i])) for i in np.argsort(-scores, kind="stable")[:k]]
+
+    def get(self, record_id: str) -> dict | None:
+        return self.added.get(record_id) or self.records.get(record_id)
+
+    def get_many(self, record_ids: list[str]) -> dict[str, dict]:
+        return {rid: found for rid in record_ids if (found := self.get(rid)) is not None}
+
+    def insert(self, record: dict, vector: np.ndarray) -> None:
+        super().insert(record, vector)
+        self.stored.add(record["id"])
+        self._add({**record, "created": time(), "status": "active", "version": 1}, vector)
+
+    def set_status(self, record_id: str, status: str, action: str) -> None:
+        super().set_status(record_id, status, action)
+        self._drop(record_id)
+        self.gone.add(record_id)
+
+    def revise(self, record_id: str, fields: dict, vector: np.ndarray | None, action: str) -> None:
+        super().revise(record_id, fields, vector, action)
+        current = self.get(record_id)
+        self._drop(record_id)
+        self._add({**current, **fields, "version": current["version"] + 1}, vector)
+
+    def _add(self, record: dict, vector: np.ndarray | None) -> None:
+        self.added[record["id"]] = record
+        if vector is not None:
+            self.vectors[record["id"]] = np.asarray(vector, dtype=np.float32)
+        for key in _folded(record["keywords"]):
+            self.added_arms[(record["type"], key)].add(record["id"])
+
+    def _drop(self, record_id: str) -> None:
+        record = self.added.pop(record_id, None)
+        self.vectors.pop(record_id, None)
+        for key in _folded(record["keywords"]) if record else ():
+            self.added_arms[(record["type"], key)].discard(record_id)
+
+
+def _folded(keys: list[str]) -> list[str]:
+    """The keys as the lookup index holds them: casefolded, each once, sorted."""
+    return sorted({k.casefold() for k in keys})
