@@ -11,13 +11,18 @@
 - the toy world's known updates (truth: which record replaces which): the current record active and the
   replaced one not, and no other record joined;
 - retrieval: LoCoMo's QA evidence R@10 over the observations stored as given and through each path;
-- ingest: records/s through the update path against the embedder alone on the same texts.
+- ingest: records/s through the update path against the embedder alone on the same texts (and the
+  records stored as given: the store's own share of the cost).
 
-    python -m benchmarks.update [--stores sqlite,postgres] [--llm URL=MODEL] [--out runs/bench/update.json]
+    python -m benchmarks.update [--stores sqlite,postgres] [--llm URL=MODEL|local] [--llm-scope pairs|all]
+                                [--configs ours,paper,llm] [--out runs/bench/update.json]
 
 Configurations: `ours` (the default `update` section), `paper` (the DimMem authors' filter, the named
 baseline), and with `--llm` a model consolidator on that endpoint (the consolidate prompt under
-structured outputs; the rules decide when it gives no valid answer).
+structured outputs; the rules decide when it gives no valid answer). `--llm local` serves the local
+teacher (`benchmarks.local_teacher`: Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, llama.cpp) for it. A model
+decides record by record, seconds each on a CPU, so by default (`--llm-scope pairs`) it runs on the
+labeled pairs only, on the first store (its decisions do not depend on the store).
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+
+from tqdm import tqdm
 
 from benchmarks.runtime import backends
 from benchmarks.update_pairs import CHECK, PAIRS, load_pairs
@@ -47,12 +56,42 @@ SAME = ("update", "restated")  # labels whose pair the update path should join
 SEEDS = (0, 1)  # shuffled orders
 
 
+LLM_MAX_TOKENS = 384  # a decision is one record (~150 tokens); a model that loops stops here
+
+
 def configs(llm: str | None) -> dict[str, dict]:
     out = {"ours": {}, "paper": {"update": {"candidates": "paper"}}}
     if llm:
         url, _, model = llm.partition("=")
-        out["llm"] = {"consolidator": "model", "model": {"base_url": url, "model": model, "max_retries": 1}}
+        endpoint = {"base_url": url, "model": model, "max_retries": 1, "max_tokens": LLM_MAX_TOKENS}
+        out["llm"] = {"consolidator": "model", "model": endpoint}
     return out
+
+
+def selected(llm: str | None, names: str | None) -> dict[str, dict]:
+    """The configurations `--configs` names (all when it names none)."""
+    every = configs(llm)
+    if not names:
+        return every
+    unknown = set(names.split(",")) - set(configs("x=y"))
+    if unknown:
+        raise SystemExit(f"--configs: unknown {sorted(unknown)}; choose from ours, paper, llm")
+    return {name: every[name] for name in names.split(",") if name in every}
+
+
+@contextmanager
+def llm_endpoint(llm: str | None, log_dir: Path):
+    """`URL=MODEL` as given; `local`: the local teacher served by llama.cpp for the run's length."""
+    if llm != "local":
+        yield llm
+        return
+    from benchmarks.local_teacher import teacher_file
+    from dimmem.launch import free_port
+    from serve.llamacpp import llamacpp_service
+
+    port = free_port()
+    with llamacpp_service(log_dir / "consolidator.log", teacher_file(), port, name="consolidator"):
+        yield f"http://127.0.0.1:{port}/v1=consolidator"
 
 
 def observation_records(conv) -> list[dict]:
@@ -73,19 +112,28 @@ def memory_for(url: str, settings: dict, embedder) -> Memory:
 
 
 def labeled_pairs(make, observations: dict[str, dict], pairs: list[dict]) -> dict:
-    """Each pair in a user of its own: the earlier stored, the later added; joined or kept apart."""
+    """Each pair in a user of its own: the earlier stored, the later added; joined or kept apart. With a
+    model consolidator, also what it decided (`model`) and what fell back to the rules (`invalid`,
+    `unavailable`), and its seconds a decision."""
     memory = make("pairs")
     outcome = Counter()
+    start = time.perf_counter()
     try:
-        for n, pair in enumerate(pairs):
+        for n, pair in enumerate(tqdm(pairs, desc="labeled pairs", leave=False, disable=None)):
             old, new = observations[pair["old"]], observations[pair["new"]]
             memory.add_records([old], user_id=f"p{n}", consolidate=False)
             [event] = memory.add_records([new], user_id=f"p{n}")
             joined = event["action"] in JOINED
             outcome[("joined" if joined else "apart", pair["label"])] += 1
+        result = _precision_recall(outcome)
+        decisions = getattr(memory.consolidator, "stats", None)
+        if decisions is not None:
+            asked = sum(decisions.values())
+            seconds = time.perf_counter() - start
+            result["consolidator"] = {**decisions, "seconds_a_decision": round(seconds / max(asked, 1), 1)}
+        return result
     finally:
         memory.close()
-    return _precision_recall(outcome)
 
 
 def _precision_recall(outcome: Counter) -> dict:
@@ -174,27 +222,46 @@ def toy_updates(make, seed: int = 1000, conversations: int = 12) -> dict:
     }
 
 
-def ingest_speed(make, name: str, texts: list[str], rows: list[dict], embedder) -> dict:
-    """Records/s: the embedder alone on the texts, and the records through the update path, one after
-    the other in this process."""
-    start = time.perf_counter()
-    for i in range(0, len(texts), EMBED_BATCH):
-        embedder.encode(texts[i : i + EMBED_BATCH])
-    alone = len(texts) / (time.perf_counter() - start)
-    memory = make(name)
-    try:
+def ingest_speed(make, name: str, texts: list[str], rows: list[dict], embedder, rounds: int = 3) -> dict:
+    """Records/s of the embedder alone on the texts, of the records stored as given (the store's own
+    writes), and through the update path, one after the other in each of `rounds` rounds (this machine
+    is noisy: the ratios are each round's, their median reported)."""
+    speeds: dict[str, list[float]] = {"embedder_alone": [], "as_given": [], "update_path": []}
+    for _ in range(rounds):
         start = time.perf_counter()
-        memory.add_records(rows, user_id="speed")
-        through = len(rows) / (time.perf_counter() - start)
-    finally:
-        memory.close()
-    return {"embedder_alone": round(alone), "update_path": round(through), "ratio": round(through / alone, 3)}
+        for i in range(0, len(texts), EMBED_BATCH):
+            embedder.encode(texts[i : i + EMBED_BATCH])
+        speeds["embedder_alone"].append(len(texts) / (time.perf_counter() - start))
+        for column, consolidate in (("as_given", False), ("update_path", True)):
+            memory = make(name)
+            try:
+                start = time.perf_counter()
+                memory.add_records(rows, user_id="speed", consolidate=consolidate)
+                speeds[column].append(len(rows) / (time.perf_counter() - start))
+            finally:
+                memory.close()
+    alone = speeds["embedder_alone"]
+    return {
+        **{column: round(statistics.median(values)) for column, values in speeds.items()},
+        "ratio": round(statistics.median(p / a for p, a in zip(speeds["update_path"], alone)), 3),
+        "as_given_ratio": round(statistics.median(g / a for g, a in zip(speeds["as_given"], alone)), 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.update", description=__doc__)
     parser.add_argument("--stores", default="sqlite", help="comma-separated: sqlite,postgres")
-    parser.add_argument("--llm", help="URL=MODEL: a model consolidator on that OpenAI-compatible endpoint")
+    parser.add_argument(
+        "--llm",
+        help="URL=MODEL: a model consolidator on that OpenAI-compatible endpoint; local: the local teacher",
+    )
+    parser.add_argument(
+        "--llm-scope",
+        choices=("pairs", "all"),
+        default="pairs",
+        help="the model consolidator on the labeled pairs only (first store), or on every measurement",
+    )
+    parser.add_argument("--configs", help="comma-separated, which of ours,paper,llm to run (default: all)")
     parser.add_argument("--out", default="runs/bench/update.json")
     args = parser.parse_args(argv)
     conversations = load_conversations("locomo", shared_data("locomo/locomo10.json"))
@@ -204,11 +271,19 @@ def main(argv: list[str] | None = None) -> int:
     embedder = make_embedder()
     result: dict = {"pairs": {f.name: Counter(p["label"] for p in load_pairs(f)) for f in (PAIRS, CHECK)}}
     result["stores"] = {}
-    with tempfile.TemporaryDirectory() as tmp, backends(args.stores.split(","), Path(tmp)) as made:
+    stores = args.stores.split(",")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        llm_endpoint(args.llm, Path(args.out).parent) as llm,
+        backends(stores, Path(tmp)) as made,
+    ):
         for store, (fresh, _, _) in made.items():
             out = result["stores"][store] = {}
             made = Counter()
-            for name, settings in configs(args.llm).items():
+            for name, settings in selected(llm, args.configs).items():
+                pairs_only = name == "llm" and args.llm_scope == "pairs"
+                if pairs_only and store != stores[0]:
+                    continue
 
                 def make(label: str, settings=settings, name=name, fresh=fresh, made=made) -> Memory:
                     made[label] += 1  # each store a database (or file) of its own
@@ -218,21 +293,29 @@ def main(argv: list[str] | None = None) -> int:
                     "pairs": labeled_pairs(make, observations, pairs),
                     "check": labeled_pairs(make, observations, check),
                 }
-                row["session_order"] = ingest_observations(make, "locomo", records, None, pairs + check)
-                shuffled = [ingest_observations(make, "shuffled", records, s, pairs + check) for s in SEEDS]
-                row["shuffled"] = [{k: v for k, v in s.items() if k != "active_ids"} for s in shuffled]
-                # records active in one order and not in another (0: the same active set)
-                first = set(row["session_order"]["active_ids"])
-                row["active_differences"] = [len(first ^ set(s["active_ids"])) for s in shuffled]
-                del row["session_order"]["active_ids"]
-                row["toy"] = toy_updates(make)
-                texts = [o["content"] for o in observations.values()]  # the same texts, embedded twice
-                row["ingest"] = ingest_speed(make, "speed", texts, list(observations.values()), embedder)
+                if not pairs_only:
+                    row.update(locomo_and_toy(make, records, observations, pairs + check, embedder))
                 print(name, store, json.dumps(row)[:400], flush=True)
-        result["retrieval"] = retrieval(records, configs(args.llm), embedder, Path(tmp))
+        scope = selected(llm if args.llm_scope == "all" else None, args.configs)
+        result["retrieval"] = retrieval(records, scope, embedder, Path(tmp))
     write_json(args.out, result)
     print(format_table(result))
     return 0
+
+
+def locomo_and_toy(make, records: dict, observations: dict, labeled: list[dict], embedder) -> dict:
+    """LoCoMo's observations in session order and shuffled, the toy world's updates, ingest speed."""
+    row = {"session_order": ingest_observations(make, "locomo", records, None, labeled)}
+    shuffled = [ingest_observations(make, "shuffled", records, s, labeled) for s in SEEDS]
+    row["shuffled"] = [{k: v for k, v in s.items() if k != "active_ids"} for s in shuffled]
+    # records active in one order and not in another (0: the same active set)
+    first = set(row["session_order"]["active_ids"])
+    row["active_differences"] = [len(first ^ set(s["active_ids"])) for s in shuffled]
+    del row["session_order"]["active_ids"]
+    row["toy"] = toy_updates(make)
+    texts = [o["content"] for o in observations.values()]  # the same texts, embedded twice
+    row["ingest"] = ingest_speed(make, "speed", texts, list(observations.values()), embedder)
+    return row
 
 
 def retrieval(records: dict[str, list[dict]], settings: dict[str, dict], embedder, tmp: Path) -> dict:
@@ -276,22 +359,37 @@ def format_table(result: dict) -> str:
     lines = [
         "| store | update path | pairs P / R (joined) | second set P / R (joined) | joined: session order / "
         "shuffled | older replaced newer | same active set | current fact (LoCoMo / toy) | toy P | "
-        "comparisons / add | ingest ratio |",
+        "comparisons / add | ingest ratio (stored as given) |",
         "|" + "---|" * 11,
     ]
     for store, rows in result["stores"].items():
         for name, r in rows.items():
-            p, c, s = r["pairs"], r["check"], r["session_order"]
-            shuffled = " / ".join(str(x["replaced"]) for x in r["shuffled"])
-            older = [s["older_replaced_newer"], *(x["older_replaced_newer"] for x in r["shuffled"])]
-            differ = ", ".join(map(str, r["active_differences"]))
-            lines.append(
-                f"| {store} | {name} | {p['precision']} / {p['recall']} ({p['joined']}) | {c['precision']} / "
-                f"{c['recall']} ({c['joined']}) | {s['replaced']} / "
-                f"{shuffled} | {', '.join(map(str, older))} | {differ} | {s['current_fact']} / "
-                f"{r['toy']['current_fact']} | {r['toy']['precision']} | {s['comparisons_per_add']} | "
-                f"{r['ingest']['ratio']} |"
-            )
+            p, c = r["pairs"], r["check"]
+            cells = [
+                f"{p['precision']} / {p['recall']} ({p['joined']})",
+                f"{c['precision']} / {c['recall']} ({c['joined']})",
+            ]
+            if "session_order" in r:
+                s = r["session_order"]
+                shuffled = " / ".join(str(x["replaced"]) for x in r["shuffled"])
+                older = [s["older_replaced_newer"], *(x["older_replaced_newer"] for x in r["shuffled"])]
+                cells += [
+                    f"{s['replaced']} / {shuffled}",
+                    ", ".join(map(str, older)),
+                    ", ".join(map(str, r["active_differences"])),
+                    f"{s['current_fact']} / {r['toy']['current_fact']}",
+                    str(r["toy"]["precision"]),
+                    str(s["comparisons_per_add"]),
+                    f"{r['ingest']['ratio']} ({r['ingest']['as_given_ratio']})",
+                ]
+            else:
+                cells += ["not run"] * 7
+            lines.append(f"| {store} | {name} | " + " | ".join(cells) + " |")
+    for store, rows in result["stores"].items():
+        for name, r in rows.items():
+            for labeled in ("pairs", "check"):
+                if "consolidator" in r[labeled]:
+                    lines.append(f"\n{store} {name} {labeled}, decisions: {r[labeled]['consolidator']}")
     lines += ["", "| observations | records | evidence R@10 | tokens@10 |", "|---|---|---|---|"]
     for name, r in result["retrieval"].items():
         lines.append(f"| {name} | {r['records']} | {r['recall@10']:.3f} | {r['tokens@10']:.0f} |")
