@@ -71,18 +71,15 @@ def configs(llm: str | None) -> dict[str, dict]:
 def selected(llm: str | None, names: str | None) -> dict[str, dict]:
     """The configurations `--configs` names (all when it names none)."""
     every = configs(llm)
-    if not names:
-        return every
-    unknown = set(names.split(",")) - set(configs("x=y"))
-    if unknown:
-        raise SystemExit(f"--configs: unknown {sorted(unknown)}; choose from ours, paper, llm")
-    return {name: every[name] for name in names.split(",") if name in every}
+    return {name: every[name] for name in names.split(",") if name in every} if names else every
 
 
 @contextmanager
 def llm_endpoint(llm: str | None, log_dir: Path):
     """`URL=MODEL` as given; `local`: the local teacher served by llama.cpp for the run's length."""
     if llm != "local":
+        if llm is not None and not all(llm.partition("=")[::2]):
+            raise SystemExit(f"--llm {llm}: give URL=MODEL (an OpenAI-compatible endpoint) or local")
         yield llm
         return
     from benchmarks.local_teacher import teacher_file
@@ -264,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", help="comma-separated, which of ours,paper,llm to run (default: all)")
     parser.add_argument("--out", default="runs/bench/update.json")
     args = parser.parse_args(argv)
+    if args.configs and (unknown := set(args.configs.split(",")) - {"ours", "paper", "llm"}):
+        parser.error(f"--configs: unknown {sorted(unknown)}; choose from ours, paper, llm")
     conversations = load_conversations("locomo", shared_data("locomo/locomo10.json"))
     records = {c.id: observation_records(c) for c in conversations}
     observations = {r["id"]: r for rows in records.values() for r in rows}
