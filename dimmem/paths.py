@@ -17,14 +17,21 @@ GGUF_SETTINGS_KEY = "dimmem.export"  # the same serving settings (JSON) inside e
 
 
 def read_export_config(folder: str | Path) -> dict:
-    """An export folder's `dimmem_export.json` (FileNotFoundError: the folder is not an export), the one
-    reader for every command that serves, converts or benchmarks an export."""
+    """An export folder's `dimmem_export.json` (FileNotFoundError: the folder is not an export;
+    ValueError: the file is not a JSON object), the one reader for every command that serves, converts
+    or benchmarks an export."""
     path = Path(folder) / EXPORT_CONFIG
     if not path.is_file():
         raise FileNotFoundError(
             f"{folder}: not an export folder (no {EXPORT_CONFIG}; `dimmem export` writes it)"
         )
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); export the run again") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object; export the run again")
+    return meta
 
 
 def shared_data_dir() -> Path:

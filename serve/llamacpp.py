@@ -46,6 +46,8 @@ def resolve_model(model: str | Path, quant: str | None = None) -> tuple[Path, di
         meta = read_export_config(path)
     except FileNotFoundError as exc:
         raise LlamaCppError(f"{exc}; serve an export folder or a .gguf file") from None
+    except ValueError as exc:
+        raise LlamaCppError(str(exc)) from None
     files = meta.get("gguf") or {}
     if not files:
         raise LlamaCppError(

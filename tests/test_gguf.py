@@ -90,6 +90,9 @@ def test_llama_cpp_is_refused_what_it_cannot_serve_in_one_line(tmp_path):
         resolve_model(tmp_path / "missing")
     with pytest.raises(LlamaCppError, match="no dimmem_export.json"):
         resolve_model(tmp_path)
+    (tmp_path / "dimmem_export.json").write_text('{"merged": tr')  # a copy cut short
+    with pytest.raises(LlamaCppError, match="dimmem_export.json: not valid JSON"):
+        resolve_model(tmp_path)
     (tmp_path / "dimmem_export.json").write_text(json.dumps({"merged": True, "run": "runs/x"}))
     with pytest.raises(LlamaCppError, match="--merge --gguf q8_0"):
         resolve_model(tmp_path)
