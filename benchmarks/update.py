@@ -263,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.configs and (unknown := set(args.configs.split(",")) - {"ours", "paper", "llm"}):
         parser.error(f"--configs: unknown {sorted(unknown)}; choose from ours, paper, llm")
+    if args.configs and "llm" in args.configs.split(",") and not args.llm:
+        parser.error("--configs llm needs --llm URL=MODEL or --llm local")
     conversations = load_conversations("locomo", shared_data("locomo/locomo10.json"))
     records = {c.id: observation_records(c) for c in conversations}
     observations = {r["id"]: r for rows in records.values() for r in rows}
