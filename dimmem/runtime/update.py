@@ -11,7 +11,8 @@ What it promises (docs/runtime.md, "The update path"):
   supersedes an earlier one, and one that arrives after a later record is stored as that record's
   history (`HISTORY`: superseded by it, which stays as it is). A restatement (MERGE) keeps the earlier
   telling, with the merged text (the rules' merge reads the same whichever came first). Added in any
-  order, the same records leave the same active records.
+  order, the same records leave the same active records, but for a record restated by two that do
+  not restate each other: the first to arrive is merged, and the merged text may not match the other.
 - Nothing is lost: superseded and merged records stay in the store with their history, and `restore`
   brings one back.
 """
