@@ -265,19 +265,21 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
     candidate of a restatement: the view must read each keyword deep enough to stand in for the records
     the batch makes inactive."""
     settings = {"update": {**LOOSE, "max_candidates": 2}}
+
+    def home(rid: str, city: str, day: int) -> dict:
+        return rec(
+            id=rid,
+            type="fact",
+            content=f"Ann lives in {city}.",
+            keywords=["Ann", "home", city],
+            location=city,
+            session_time=f"2023-06-{day:02d}T10:00",
+        )
+
     stored = [
         rec(id=f"g{n}", content=f"Ann grows {plant} in her garden.", keywords=["Ann", "garden", plant])
         for n, plant in enumerate(["tomatoes", "roses", "basil", "tulips"])
-    ] + [
-        rec(
-            id="home-1",
-            type="fact",
-            content="Ann lives in Denver.",
-            keywords=["Ann", "home", "Denver"],
-            location="Denver",
-            session_time="2023-06-01T10:00",
-        )
-    ]
+    ] + [home("home-1", "Denver", 1)]
     cat = {"type": "fact", "session_time": "2023-06-10T10:00"}
     stored += [
         rec(id="c1", content="Ann's cat is named Milo.", keywords=["Ann", "cat", "Milo"], **cat),
@@ -288,22 +290,8 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
         rec(id="g9", content="Ann grows roses in her little garden.", keywords=["Ann", "garden", "roses"]),
         rec(id="hike-1", content="Ann went hiking at Eagle Peak.", keywords=["Ann", "hiking", "Eagle Peak"]),
         rec(id="hike-2", content="Ann went hiking at Eagle Peak again.", keywords=["Ann", "hiking"]),
-        rec(
-            id="home-3",
-            type="fact",
-            content="Ann lives in Austin.",
-            keywords=["Ann", "home", "Austin"],
-            location="Austin",
-            session_time="2023-06-20T10:00",
-        ),
-        rec(
-            id="home-2",
-            type="fact",
-            content="Ann lives in Boston.",
-            keywords=["Ann", "home", "Boston"],
-            location="Boston",
-            session_time="2023-06-10T10:00",
-        ),
+        home("home-3", "Austin", 20),
+        home("home-2", "Boston", 10),
         rec(
             id="z1",
             content="Ann's cat is named Milo.",
