@@ -19,6 +19,14 @@ class Thresholds(Section):
     token_f1: float = Field(ge=0, le=1)
 
 
+class Sweep(Section):
+    """Thresholds at which the report also gives fact F1, per measure: a lead that holds at one setting
+    only shows."""
+
+    cosine: list[float] = [0.55, 0.6, 0.65, 0.7, 0.75, 0.8]
+    token_f1: list[float] = [0.2, 0.25, 0.3, 0.35, 0.4, 0.45]
+
+
 class LocomoExtraction(Section):
     """The LoCoMo extraction benchmark: windows, gold and scoring (eval/extraction_locomo.py)."""
 
@@ -27,10 +35,12 @@ class LocomoExtraction(Section):
     # the paper's 25/5; no LoCoMo window nears datagen's 4,096-token budget, so both cut the same windows
     windows: WindowConfig = WindowConfig(window=25, overlap=5)
     thresholds: Thresholds | None = None  # null: fitted on the other conversations of the input
+    sweep: Sweep = Sweep()
     # a record dates an event when its time falls within this many days before the event's session
     event_days: int = Field(7, ge=0)
     bootstrap: int = Field(1000, ge=0)  # resamples of the sessions for the 95% intervals (0: none)
     tokenizer: str | None = None  # counts tokens per record; null: the Qwen3 tokenizer in the shared data
+    sample: int = Field(20, ge=0)  # matched and unmatched records each in sample.md, the reading sample
 
 
 class ExtractionRun(Section):

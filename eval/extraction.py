@@ -253,6 +253,8 @@ def attach_windows(refs: list[Reference], spec: str) -> list[Reference]:
 
 
 def read_predictions(path: str | Path) -> dict[str, Prediction]:
+    """A predictions.jsonl (a run's own, or stored answers): one window's answer a line, every line
+    checked, the first bad one named by file and line."""
     out = {}
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -260,19 +262,34 @@ def read_predictions(path: str | Path) -> dict[str, Prediction]:
                 continue
             try:
                 row = json.loads(line)
-                out[row["window_id"]] = Prediction(
-                    row["window_id"],
-                    row["output"],
-                    row.get("finish_reason"),
-                    row.get("completion_tokens"),
-                    row.get("seconds"),
-                    error=row.get("error"),
-                )
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f'{path}: line {number}: expected {{"window_id", "output", ...}}: {exc}'
-                ) from None
+                problem = _prediction_problem(row)
+            except json.JSONDecodeError as exc:
+                problem = f"not JSON ({exc.msg})"
+            if problem:
+                raise ValueError(f'{path}: line {number}: {problem}; expected {{"window_id", "output", ...}}')
+            if row["window_id"] in out:
+                raise ValueError(f"{path}: line {number}: a second answer for window {row['window_id']!r}")
+            out[row["window_id"]] = Prediction(
+                row["window_id"],
+                row["output"] or "",
+                row.get("finish_reason"),
+                row.get("completion_tokens"),
+                row.get("seconds"),
+                error=row.get("error"),
+            )
     return out
+
+
+def _prediction_problem(row) -> str | None:
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    if not isinstance(row.get("window_id"), str) or not row["window_id"]:
+        return "no window_id string"
+    if "output" not in row:
+        return "no output field"
+    if not isinstance(row["output"], str) and not (row["output"] is None and row.get("error")):
+        return "output is not a string (null only beside an error)"
+    return None
 
 
 def require_predictions(window_ids: list[str], predictions: dict[str, Prediction]) -> None:

@@ -11,14 +11,21 @@ verdict, pointers resolved). Those records are scored against the gold:
 - facts, by content: observations and records of the same session aligned one-to-one (Hungarian, most
   total similarity among pairs at or above the threshold), by embedding cosine and by token F1, each
   with and without the pointer agreeing (the record cites one of the observation's evidence turns). A
-  record must be about the observation's person: the participants its content names (its speaker when
-  it names none) include the person or an evidence turn's speaker, so a fact given to the wrong person
-  is a miss. `fact_any_speaker` aligns without that rule; `speaker_accuracy` is the share of its
-  matches that keep the right person;
+  record must be about the observation's person (`eval.locomo_match.is_about`: the first participant
+  its content names, and its speaker), so a fact given to the other person, or a record that names
+  both people with the wrong one first, is a miss. `fact_any_speaker` aligns without that rule;
+  `speaker_accuracy` is the share of its matches about the right person, `wrong_person_rate` the share
+  of everything written that states an observation of the wrong person;
+- precision is over everything the extractor wrote (`emitted`): every memory an answer lists, kept,
+  refused or repeated, the unfinished one of an answer cut at its budget, and one for an answer with no
+  usable memory list at all; the fact F1 of each threshold of a sweep shows whether a lead holds;
+- dimensions: for each `fact` match whose observation has dimensions read from the dialogue
+  (docs/locomo-dimensions.md), time (as dates: within the gold's span) and location, reason and purpose
+  (as phrases): precision over the records that fill one, recall over the observations that have one;
 - events: the same alignment against `event_summary` (the person rule included), and again requiring
   the record's time to fall in the days before the session date;
-- format: parse, schema-valid and valid rates, records per window, tokens per record, time-format and
-  overlap-rule rates per memory.
+- format: parse, schema-valid and valid rates, answers cut at their budget, records per window, tokens
+  per record, dimension fill rates, time-format and overlap-rule rates per memory.
 
 Recall and precision are micro-averaged; 95% intervals come from resampling sessions (the bootstrap),
 overall and per conversation. Observations are incomplete, so precision is a lower bound: a true memory
@@ -28,7 +35,6 @@ LoCoMo did not annotate counts against it.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -38,9 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
-from dimmem.contract.annotations import ConversationGold, conversation_gold
+from dimmem.contract.annotations import DIMENSION_KEYS, ConversationGold, Gold, conversation_gold
 from dimmem.contract.conversation import Conversation
 from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.timespan import overlaps, parse_span
@@ -49,11 +54,13 @@ from dimmem.contract.windows import Window
 from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor, WindowRecords, keep_valid
 from eval.extraction import Prediction, Reference, predict, require_predictions
 from eval.locomo_gold import MEASURES
+from eval.locomo_match import align, dimension_agrees, is_about
+from eval.locomo_sample import write_sample
 from eval.metrics import token_f1
 
 if TYPE_CHECKING:
     from dimmem.cache import ResponseCache
-    from eval.config import ExtractionRun
+    from eval.config import ExtractionRun, LocomoExtraction
 
 # the fact alignments: (name, measure, pointer must agree); all but `fact_any_speaker` need the right person
 FACT_VARIANTS = (
@@ -63,20 +70,28 @@ FACT_VARIANTS = (
     ("fact_lexical_pointer", "token_f1", True),
     ("fact_any_speaker", "cosine", False),
 )
-# ratio metrics: name -> (numerator count, denominator count)
+# ratio metrics: name -> (numerator count, denominator count); a fact's precision is over everything the
+# extractor wrote (`emitted`), not only what the validator kept
 RATIOS = {
     "pointer_recall": ("pointer_found", "pointer_gold"),
     "pointer_precision": ("pointer_correct", "pointer_cited"),
     **{
         f"{name}_{kind}": (f"{name}_matched", denominator)
         for name, _, _ in FACT_VARIANTS
-        for kind, denominator in (("recall", "observations"), ("precision", "records"))
+        for kind, denominator in (("recall", "observations"), ("precision", "emitted"))
     },
     "speaker_accuracy": ("fact_any_speaker_right_person", "fact_any_speaker_matched"),
+    # records that state an observation by content but give it to the wrong person, of all written
+    "wrong_person_rate": ("fact_any_speaker_wrong_person", "emitted"),
     "event_recall": ("event_matched", "events"),
     "event_time_recall": ("event_time_matched", "events"),
+    **{
+        f"{name}_{kind}": (f"{name}_correct", f"{name}_{denominator}")
+        for name in DIMENSION_KEYS
+        for kind, denominator in (("recall", "gold"), ("precision", "predicted"))
+    },
 }
-F1S = ("pointer", *(name for name, _, _ in FACT_VARIANTS))
+F1S = ("pointer", *(name for name, _, _ in FACT_VARIANTS), *DIMENSION_KEYS)
 
 
 @dataclass
@@ -84,9 +99,21 @@ class ScoredWindow:
     window: Window
     prediction: Prediction
     kept: WindowRecords
-    memories: int  # objects the answer lists under `memories`
+    memories: int  # objects the answer lists under `memories` (a cut answer: the complete ones)
     parsed: bool
     schema_valid: bool
+
+    @property
+    def cut(self) -> bool:
+        return self.prediction.finish_reason == "length"
+
+    @property
+    def emitted(self) -> int:
+        """What the extractor wrote here, each counted against its precision: every memory listed (kept,
+        refused or repeated), the unfinished one of a cut answer, one for an answer with none usable."""
+        if not self.parsed:
+            return self.memories + 1 if self.cut else 1
+        return max(self.memories, 1) if self.kept.failure is not None else self.memories
 
 
 @dataclass
@@ -118,16 +145,6 @@ def score_windows(windows: list[Window], predictions: dict[str, Prediction]) -> 
     return out
 
 
-def _align(similarity: np.ndarray, eligible: np.ndarray, threshold: float) -> list[tuple[int, int, float]]:
-    """(gold, record, similarity) of the one-to-one matching with the most total similarity among
-    eligible pairs at or above the threshold."""
-    weights = np.where(eligible & (similarity >= threshold), similarity, 0.0)
-    if not weights.any():
-        return []
-    rows, cols = linear_sum_assignment(weights, maximize=True)
-    return [(int(i), int(j), float(similarity[i, j])) for i, j in zip(rows, cols) if weights[i, j] > 0]
-
-
 def _in_days_before(record_time: str | None, day: str, days: int) -> bool:
     if not record_time:
         return False
@@ -139,17 +156,23 @@ def score_conversation(
     conv: Conversation,
     gold: ConversationGold,
     records: list[dict],
+    emitted: Counter,
     vectors: Callable[[list[str]], np.ndarray],
     thresholds: dict[str, float],
-    event_days: int,
+    bench: LocomoExtraction,
 ) -> ConversationScore:
-    """Every count of one conversation, per session (the bootstrap's unit), and the matches made."""
+    """Every count of one conversation, per session (the bootstrap's unit), and the matches made.
+    `emitted`: per session, what the extractor wrote there (`emitted`), the precisions' denominator."""
     session_of = {t.id: t.session_id for t in conv.turns}
+    speaker_of = {t.id: t.speaker for t in conv.turns}
+    participants = conv.speakers
     score = ConversationScore()
     count = score.counts
     record_sessions = [{session_of[t] for t in r["source_turns"]} for r in records]
     for r in records:
         count[session_of[r["source_turns"][0]]]["records"] += 1
+    for session, n in emitted.items():
+        count[session]["emitted"] += n
 
     # pointers: distinct evidence turns, each with the speakers a record may cite it under
     accepted: dict[str, set[str]] = defaultdict(set)
@@ -165,14 +188,13 @@ def score_conversation(
         count[session_of[turn]]["pointer_found"] += any((s, turn) in cited for s in speakers)
 
     record_vectors = vectors([r["content"] for r in records]) if records else None
-    about = [persons(r, conv.speakers) for r in records]
     for kind, items in (("observations", gold.observations), ("events", gold.events)):
         for g in items:
             count[g.session][kind] += 1
         if not items or not records:
             continue
         eligible = np.array([[g.session in sessions for sessions in record_sessions] for g in items])
-        right_person = np.array([[bool(g.speakers & who) for who in about] for g in items])
+        about = np.array([[is_about(r, g, participants, speaker_of) for r in records] for g in items])
         similarity = {
             "cosine": vectors([g.content for g in items]) @ record_vectors.T,
             "token_f1": np.array(
@@ -187,36 +209,46 @@ def score_conversation(
                 [[bool(set(g.evidence) & set(r["source_turns"])) for r in records] for g in items]
             )
             variants = [
-                (
-                    n,
-                    m,
-                    (eligible & cites if p else eligible)
-                    & (right_person if n != "fact_any_speaker" else True),
-                )
+                (n, m, (eligible & cites if p else eligible) & (about if n != "fact_any_speaker" else True))
                 for n, m, p in FACT_VARIANTS
             ]
+            for measure, values in bench.sweep.model_dump().items():
+                for threshold in values:
+                    for i, _, _ in align(similarity[measure], eligible & about, threshold):
+                        count[items[i].session][f"sweep_{measure}_{threshold:.2f}_matched"] += 1
         else:
             in_time = np.array(
-                [[_in_days_before(r.get("time"), g.date, event_days) for r in records] for g in items]
+                [[_in_days_before(r.get("time"), g.date, bench.event_days) for r in records] for g in items]
             )
             variants = [
-                ("event", "cosine", eligible & right_person),
-                ("event_time", "cosine", eligible & right_person & in_time),
+                ("event", "cosine", eligible & about),
+                ("event_time", "cosine", eligible & about & in_time),
             ]
         for name, measure, mask in variants:
-            pairs = _align(similarity[measure], mask, thresholds[measure])
+            pairs = align(similarity[measure], mask, thresholds[measure])
             score.matches[name] = {items[i].id: (records[j]["id"], s) for i, j, s in pairs}
             for i, j, _ in pairs:
                 count[items[i].session][f"{name}_matched"] += 1
                 if name == "fact_any_speaker":
-                    count[items[i].session]["fact_any_speaker_right_person"] += bool(right_person[i, j])
+                    right = "right" if about[i, j] else "wrong"
+                    count[items[i].session][f"fact_any_speaker_{right}_person"] += 1
+                if name == "fact":
+                    _count_dimensions(count[items[i].session], items[i], records[j])
     return score
 
 
-def persons(record: dict, participants: list[str]) -> set[str]:
-    """Whom a record is about: the participants its content names (whole words), else its speaker."""
-    named = {p for p in participants if re.search(rf"\b{re.escape(p)}\b", record["content"])}
-    return named or {record["speaker"]}
+def _count_dimensions(count: Counter, gold: Gold, record: dict) -> None:
+    """A matched pair's dimensions against the ones read from the dialogue (where they were read)."""
+    if gold.dimensions is None:
+        return
+    for name in DIMENSION_KEYS:
+        truth, said = gold.dimensions.get(name), record.get(name)
+        count[f"{name}_pairs"] += 1
+        count[f"{name}_gold"] += truth is not None
+        count[f"{name}_predicted"] += said is not None
+        count[f"{name}_correct"] += (
+            truth is not None and said is not None and dimension_agrees(name, said, truth)
+        )
 
 
 def ratios(totals: Counter | dict) -> dict[str, float | None]:
@@ -227,6 +259,19 @@ def ratios(totals: Counter | dict) -> dict[str, float | None]:
     for name in F1S:
         p, r = out[f"{name}_precision"], out[f"{name}_recall"]
         out[f"{name}_f1"] = 2 * p * r / (p + r) if p is not None and r is not None and p + r else 0.0
+    return out
+
+
+def sensitivity(totals: Counter, bench: LocomoExtraction) -> dict[str, dict[str, float]]:
+    """Fact F1 (content, the right person) at each threshold of the sweep, per measure."""
+    out: dict[str, dict[str, float]] = {}
+    for measure, values in bench.sweep.model_dump().items():
+        out[measure] = {}
+        for threshold in values:
+            matched = totals.get(f"sweep_{measure}_{threshold:.2f}_matched", 0)
+            r = matched / totals["observations"] if totals.get("observations") else 0.0
+            p = matched / totals["emitted"] if totals.get("emitted") else 0.0
+            out[measure][f"{threshold:.2f}"] = 2 * p * r / (p + r) if p + r else 0.0
     return out
 
 
@@ -268,7 +313,9 @@ def format_stats(scored: list[ScoredWindow], count_tokens: Callable[[str], int])
         "parse_rate": sum(s.parsed for s in scored) / n if n else 0.0,
         "schema_valid_rate": sum(s.schema_valid for s in scored) / n if n else 0.0,
         "valid_rate": sum(s.parsed and not s.kept.issues for s in scored) / n if n else 0.0,
-        "truncation_rate": sum(s.prediction.finish_reason == "length" for s in scored) / n if n else 0.0,
+        "truncation_rate": sum(s.cut for s in scored) / n if n else 0.0,
+        "cut_answers": sum(s.cut for s in scored),  # finish_reason "length": ran into the token budget
+        "emitted": sum(s.emitted for s in scored),
         # cut off, yet with complete records before the cut (kept, as the runtime's extractor keeps them)
         "cut_windows_kept": sum(not s.parsed and bool(s.kept.records) for s in scored),
         "failed_windows": sum(s.kept.failure is not None for s in scored),
@@ -278,6 +325,11 @@ def format_stats(scored: list[ScoredWindow], count_tokens: Callable[[str], int])
         "repeated_memories": sum(s.kept.repeated for s in scored),  # word for word again: kept once
         "records_per_window": len(records) / n if n else 0.0,
         "tokens_per_record": float(np.mean(tokens)) if tokens else None,
+        # the share of the kept records that fill each dimension
+        "dimension_fill": {
+            name: sum(r.get(name) is not None for r in records) / len(records) if records else None
+            for name in DIMENSION_KEYS
+        },
         "time_format_rate": 1 - broken["time_format"] / memories if memories else None,
         "overlap_violation_rate": broken["source_turns_overlap"] / memories if memories else None,
         "rule_violation_rate": {rule: c / n for rule, c in sorted(rules.items())},
@@ -324,6 +376,29 @@ def check_labels(path: str | Path, windows: list[Window]) -> None:
             found += 1
     if not found:
         raise ValueError(f"{path}: no extract label for any window of {sorted(conversations)}")
+
+
+def check_prediction_windows(path: str | Path, windows: list[Window], known: set[str], source: Path) -> None:
+    """Refuse stored answers for conversations the input does not hold, or for windows this benchmark
+    does not cut (another windowing): scored, they would be dropped without a word."""
+    ours = {w.id for w in windows}
+    scored = {w.conversation_id for w in windows}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            window_id = json.loads(line)["window_id"]
+            conversation = window_id.rpartition("/")[0]
+            if conversation not in known:
+                raise ValueError(
+                    f"{path}: line {number}: window {window_id!r} is of conversation {conversation!r}, "
+                    f"which {source} does not hold"
+                )
+            if conversation in scored and window_id not in ours:
+                raise ValueError(
+                    f"{path}: line {number}: window {window_id!r} is not one of this benchmark's windows "
+                    f"of {conversation} (answers made with other locomo.windows settings?)"
+                )
 
 
 def _answers(cfg: ExtractionRun, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
@@ -385,6 +460,8 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         refs = [Reference(win.id, extract_messages(win), "", win.scope, win) for win in windows]
         predictions, source, model = predict(cfg, refs, cache)
     wall = time.perf_counter() - start
+    if cfg.predictions:
+        check_prediction_windows(cfg.predictions, windows, {c.id for c in everything}, input_path)
     require_predictions([win.id for win in windows], predictions)
 
     scored = score_windows(windows, predictions)
@@ -400,11 +477,13 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
 
     golds = {c.id: conversation_gold(c) for c in conversations}
     by_conversation: dict[str, list[dict]] = defaultdict(list)
+    emitted: dict[str, Counter] = defaultdict(Counter)
     for s in scored:
         by_conversation[s.window.conversation_id] += s.kept.records
+        emitted[s.window.conversation_id][s.window.new[0].session_id] += s.emitted
     scores = {
         c.id: score_conversation(
-            c, golds[c.id], by_conversation[c.id], vectors, thresholds[c.id], bench.event_days
+            c, golds[c.id], by_conversation[c.id], emitted[c.id], vectors, thresholds[c.id], bench
         )
         for c in conversations
     }
@@ -429,6 +508,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         "benchmark": "locomo",
         **ratios(totals),
         "ci": bootstrap(units, bench.bootstrap),
+        "sensitivity": sensitivity(totals, bench),
         "counts": dict(sorted(totals.items())),
         **stats,
         "conversations": [c.id for c in conversations],
@@ -460,6 +540,16 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         },
     }
     _write_windows(out, scored, golds, scores)
+    write_sample(
+        out,
+        conversations,
+        golds,
+        by_conversation,
+        {cid: s.matches.get("fact", {}) for cid, s in scores.items()},
+        vectors,
+        thresholds,
+        bench.sample,
+    )
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     from eval.report import plot_locomo, write_locomo_report
 

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from dimmem.contract.annotations import DIMENSION_KEYS  # noqa: E402
 from dimmem.contract.records import DIMENSIONS, MEMORY_TYPES  # noqa: E402
 
 # (metrics.json key, label) in the order reports and comparisons show them
@@ -20,6 +21,8 @@ HEADLINE_ROWS = (
     ("schema_valid_rate", "schema-valid rate"),
     ("valid_rate", "passes every validator rule"),
     ("truncation_rate", "truncated at max_tokens"),
+    ("cut_answers", "answers cut at max_tokens"),
+    ("emitted", "memories written (the precisions' denominator)"),
     ("memory_precision", "memory precision"),
     ("memory_recall", "memory recall"),
     ("memory_f1", "memory F1"),
@@ -194,11 +197,14 @@ LOCOMO_FORMAT = (
     ("schema_valid_rate", "schema-valid rate"),
     ("valid_rate", "passes every validator rule"),
     ("truncation_rate", "truncated at max_tokens"),
+    ("cut_answers", "answers cut at max_tokens"),
+    ("emitted", "memories written (the precisions' denominator)"),
     ("records_per_window", "records kept per window"),
     ("tokens_per_record", "tokens per record (Qwen3)"),
     ("time_format_rate", "memories with a well-formed time"),
     ("overlap_violation_rate", "memories citing overlap context"),
     ("rejected_memories", "memories the validator refused"),
+    ("repeated_memories", "memories repeated word for word"),
     ("failed_windows", "windows with no usable answer"),
 )
 
@@ -211,6 +217,13 @@ LOCOMO_KEYS = (  # (metrics.json key, label) of every LoCoMo metric, as the insp
     ),
     ("event_recall", "events: recall"),
     ("event_time_recall", "events, time agrees: recall"),
+    ("speaker_accuracy", "content matches about the right person"),
+    ("wrong_person_rate", "memories stating the other person's observation"),
+    *(
+        (f"{d}_{kind}", f"{d} (read from the dialogue): {kind}")
+        for d in DIMENSION_KEYS
+        for kind in ("precision", "recall")
+    ),
     *LOCOMO_FORMAT,
 )
 
@@ -237,11 +250,38 @@ def locomo_summary(metrics: dict, out: Path) -> str:
     """The one line the command prints."""
     return (
         f"{metrics['windows']} windows of {len(metrics['conversations'])} conversations, "
-        f"{metrics['records']} records: pointer F1 {metrics['pointer_f1']:.3f}, "
-        f"fact recall {_fmt(metrics['fact_recall'])} / precision {_fmt(metrics['fact_precision'])}, "
-        f"event recall {_fmt(metrics['event_recall'])}, schema-valid {metrics['schema_valid_rate']:.3f}"
-        f"  ->  {out}/report.md"
+        f"{metrics['emitted']} memories written, {metrics['records']} kept: "
+        f"fact F1 {metrics['fact_f1']:.3f}, "
+        f"fact+pointer F1 {metrics['fact_pointer_f1']:.3f} (precision over everything written "
+        f"{_fmt(metrics['fact_precision'])}), pointer F1 {metrics['pointer_f1']:.3f}, "
+        f"{metrics['cut_answers']} answers cut  ->  {out}/report.md"
     )
+
+
+def _sensitivity_rows(metrics: dict) -> list[str]:
+    lines = []
+    for measure, values in metrics.get("sensitivity", {}).items():
+        lines += [
+            f"| {measure} threshold | " + " | ".join(values) + " |",
+            "|---|" + "---|" * len(values),
+            "| fact F1 | " + " | ".join(f"{v:.3f}" for v in values.values()) + " |",
+            "",
+        ]
+    return lines
+
+
+def _dimension_rows(metrics: dict) -> list[str]:
+    counts, fill = metrics["counts"], metrics.get("dimension_fill") or {}
+    lines = [
+        "| dimension | matched pairs read | gold states it | record fills it | precision | recall | "
+        "filled in all records |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in DIMENSION_KEYS:
+        cells = [str(counts.get(f"{d}_{k}", 0)) for k in ("pairs", "gold", "predicted")]
+        cells += [_with_ci(metrics, f"{d}_precision"), _with_ci(metrics, f"{d}_recall"), _fmt(fill.get(d))]
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_locomo_report(metrics: dict, out: Path) -> Path:
@@ -262,10 +302,16 @@ def write_locomo_report(metrics: dict, out: Path) -> Path:
         f"Answers from {run['source']} `{run['model']}` on {metrics['windows']} windows "
         f"({_windowing(run['windows'])}) of `{run['input']}`; "
         f"scored conversations: {', '.join(metrics['conversations'])} ({metrics['sessions']} sessions). "
-        f"{counts.get('observations', 0)} observations, {counts.get('events', 0)} events, "
-        f"{metrics['records']} records kept.",
+        f"{counts.get('observations', 0)} observations, {counts.get('events', 0)} events; "
+        f"{metrics['emitted']} memories written, {metrics['records']} kept, "
+        f"{metrics['rejected_memories']} refused, {metrics['repeated_memories']} repeated, "
+        f"{metrics['cut_answers']} answers cut at their budget.",
         "",
-        f"A record states a gold memory at similarity >= the threshold ({ranges}), {how}. "
+        f"A record states a gold memory at similarity >= the threshold ({ranges}), {how}, and only when "
+        "it is about the gold's person: the first participant its content names is that person, and so is "
+        "its speaker (or the speaker of the evidence, where the person speaks none). Precision is over "
+        "everything the extractor wrote: refused, repeated and cut-off memories, and a failed answer, count "
+        "against it. "
         f"95% intervals: {run['bootstrap']} bootstrap resamples of the sessions.",
         "",
         "| gold | recall | precision | F1 |",
@@ -280,6 +326,19 @@ def write_locomo_report(metrics: dict, out: Path) -> Path:
         f"| events (cosine) | {_with_ci(metrics, 'event_recall')} | | |",
         f"| events, record time within {run['event_days']} days before the session | "
         f"{_with_ci(metrics, 'event_time_recall')} | | |",
+        "",
+        f"Whose fact: of the records that state an observation by content (any person), "
+        f"{_fmt(metrics.get('speaker_accuracy'))} are about its person; "
+        f"{_fmt(metrics.get('wrong_person_rate'))} of everything written states the other person's.",
+        "",
+        "Fact F1 (cosine, and token F1 alike) at other thresholds, the same alignment:",
+        "",
+        *_sensitivity_rows(metrics),
+        "Dimensions of the matched facts against the ones read from the dialogue "
+        "(docs/locomo-dimensions.md): time as dates (within the gold's span, a day's slack), the others "
+        "as phrases.",
+        "",
+        *_dimension_rows(metrics),
         "",
         "| format | value |",
         "|---|---|",
@@ -297,9 +356,9 @@ def write_locomo_report(metrics: dict, out: Path) -> Path:
         lines.append(f"| {cid} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "What the gold cannot say: LoCoMo's observations and events carry no type and no location, reason or "
-        "purpose, so only content, pointer, speaker and date are scored here. Observations are incomplete: a "
-        "true memory they do not list counts against precision, which is therefore a lower bound.",
+        "What the gold cannot say: LoCoMo's observations carry no type, so type is not scored. Observations "
+        "are incomplete: a true memory they do not list counts against precision, which is therefore a lower "
+        "bound. A reading sample of matched and unmatched records is in sample.md.",
         "",
         "![LoCoMo extraction](locomo.png)",
         "",

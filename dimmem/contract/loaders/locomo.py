@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from dimmem.contract.annotations import with_dimensions
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.loaders._fields import Record, read_json
 
@@ -55,4 +56,4 @@ def _sample(path, index: int, sample) -> Conversation:
         key: sample[key] for key in ("qa", "observation", "session_summary", "event_summary") if key in sample
     }
     metadata["source"] = "locomo"
-    return Conversation(id=sample_id, turns=turns, metadata=metadata)
+    return Conversation(id=sample_id, turns=turns, metadata=with_dimensions(sample_id, metadata))
