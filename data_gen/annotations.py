@@ -3,19 +3,24 @@ for the pipeline's windows, answered through the same labeler, validator, cache 
 
 Each annotation becomes one record by these rules (docs/datagen.md, "Annotations as a teacher"):
 
-- placement: an observation goes to the window whose new turns hold its first evidence turn and cites
-  the evidence turns new there; an event (no evidence in the corpus) goes to the turn of its person in
+- placement: an observation is told by its person where the person speaks an evidence turn (else by
+  the speaker of its first one); it goes to the window whose new turns hold that speaker's first evidence
+  turn and cites that speaker's evidence turns new there (served, a record cites its speaker's turns
+  only: the window's schema says so); an event (no evidence in the corpus) goes to the turn of its person in
   its session that shares the most words with it (token F1 at least `EVENT_MIN_F1`), unless an
   observation of the same person and session already restates it (token F1 at least `RESTATED_F1`);
-- speaker: the speaker of the first cited turn (the contract's speaker rule);
-- time: the first time expression of the annotation's text, else (for an event) of its cited turns,
-  resolved against the session date by `dateparser` at the expression's own grain (a day, a week as an
-  interval, a month, a year); null when neither says (never the session date by default: a fact is not
-  dated by when it was told). The expression in the content is replaced by the date it resolves to
-  ("last year" -> "in 2022"); a vague "recently" is replaced when the turn gave the date;
+- speaker: the speaker of the cited turns (the contract's speaker rule);
+- time, location, reason, purpose: as read from the dialogue (`Gold.dimensions`, the corpus's reading
+  shipped with the contract: docs/locomo-dimensions.md). An annotation nobody read gets them by rule:
+  the first time expression of its text, else (for an event) of its cited turns, resolved against the
+  session date by `dateparser` at the expression's own grain (a day, a week as an interval, a month, a
+  year), never the session date by default (a fact is not dated by when it was told); the phrase after an
+  explicit marker ("at", "in", "visited" + a name; "because", "due to"; "in order to", "so that", "to
+  help ...") for the others;
+- content: the annotation's text with its time expression replaced by the date the record's time says
+  ("last year" -> "in 2022"; a vague "recently" too, where the dialogue gave the date), so the content
+  is self-contained;
 - type: episodic when dated or stated as an event, profile for preferences and traits, else fact;
-- location, reason, purpose: the phrase after an explicit marker ("at", "in", "visited" + a name;
-  "because", "due to"; "in order to", "so that", "to help ..."), else null;
 - keywords: the person and up to four key phrases of the content (YAKE), without repeats.
 """
 
@@ -170,6 +175,25 @@ def _replace(text: str, expression: str, phrase: str) -> str:
     return re.sub(rf"(?:\b(?:on|in|during) )?{re.escape(expression)}", phrase, text, count=1)
 
 
+def phrase_of(time: str) -> str:
+    """How a content says an ISO time: "on 2023-05-07", "in May 2023", "in 2022", "in the week of
+    2023-05-01", "on the weekend of 2023-05-06", "between June 2023 and August 2023"."""
+    first, _, last = time.partition("/")
+
+    def one(part: str) -> str:
+        return datetime.strptime(part, "%Y-%m").strftime("%B %Y") if len(part) == 7 else part
+
+    if not last:
+        return f"on {first}" if len(first) == 10 else f"in {one(first)}"
+    if len(first) == len(last) == 10:
+        start, end = date.fromisoformat(first), date.fromisoformat(last)
+        if start.weekday() == 5 and end - start == timedelta(days=1):
+            return f"on the weekend of {first}"
+        if start.weekday() == 0 and end - start == timedelta(days=6):
+            return f"in the week of {first}"
+    return f"between {one(first)} and {one(last)}"
+
+
 # --- the other dimensions ----------------------------------------------------------------------------
 
 
@@ -263,12 +287,15 @@ def place(conv: Conversation) -> tuple[list[Placed], Counter]:
         by_session.setdefault(turn.session_id, []).append(turn)
     placed: list[Placed] = []
     missed: Counter = Counter()
+    speaker_of = {t.id: t.speaker for t in conv.turns}
     for g in gold.observations:
         if not g.evidence:
             missed["observation_no_evidence_turn"] += 1
             continue
-        cites = tuple(sorted(g.evidence, key=order.__getitem__))
-        placed.append(Placed(g, "observation", cites[0], cites))
+        cites = sorted(g.evidence, key=order.__getitem__)
+        teller = g.person if any(speaker_of[t] == g.person for t in cites) else speaker_of[cites[0]]
+        told = tuple(t for t in cites if speaker_of[t] == teller)
+        placed.append(Placed(g, "observation", told[0], told))
     for g in gold.events:
         same = [o for o in gold.observations if o.session == g.session and o.person == g.person]
         if any(token_overlap(g.content, o.content) >= RESTATED_F1 for o in same):
@@ -289,28 +316,41 @@ def record_of(p: Placed, turns: dict[str, Turn], people: set[str]) -> dict:
     """The DimMem record an annotation becomes (global turn ids; the window maps them to local ones)."""
     cited = [turns[t] for t in p.cites]
     session_day = date.fromisoformat(cited[0].session_time[:10])
-    content, time = p.gold.content.strip(), None
-    if found := find_time(content, session_day):
-        time, expression, phrase = found
-        content = _replace(content, expression, phrase)
-    elif _EVENT.search(content):  # an event is dated by its turn; a fact is not dated by when it was told
-        for turn in cited:
-            if found := find_time(turn.text, session_day):
-                time = found[0]
-                if _VAGUE.search(content):
-                    content = _VAGUE.sub(found[2], content, count=1)
-                break
-    location = location_of(content, people)
+    content = p.gold.content.strip()
+    read = p.gold.dimensions
+    dims = dict(read) if read is not None else _rule_dimensions(p, cited, session_day, people)
+    found = find_time(content, session_day)
+    if dims["time"] and found:  # the content says when in the words the record's time resolves
+        content = _replace(content, found[1], phrase_of(dims["time"]))
+    elif dims["time"] and _VAGUE.search(content):
+        content = _VAGUE.sub(phrase_of(dims["time"]), content, count=1)
+    location = dims["location"]
     return {
         "source_turns": list(p.cites),
         "speaker": cited[0].speaker,
         "content": content,
-        "type": record_type(content, time is not None),
-        "time": time,
+        "type": record_type(content, dims["time"] is not None),
+        "time": dims["time"],
         "location": location,
+        "reason": dims["reason"],
+        "purpose": dims["purpose"],
+        "keywords": keywords_of(content, p.gold.person, people, (location,) if location else ()),
+    }
+
+
+def _rule_dimensions(p: Placed, cited: list[Turn], session_day: date, people: set[str]) -> dict:
+    """The dimensions of an annotation nobody read, by rule (the module's docstring)."""
+    content, time = p.gold.content.strip(), None
+    if found := find_time(content, session_day):
+        time = found[0]
+        content = _replace(content, found[1], found[2])
+    elif _EVENT.search(content):  # an event is dated by its turn; a fact is not dated by when it was told
+        time = next((f[0] for turn in cited if (f := find_time(turn.text, session_day))), None)
+    return {
+        "time": time,
+        "location": location_of(content, people),
         "reason": _clause(_REASON, content),
         "purpose": _clause(_PURPOSE, content),
-        "keywords": keywords_of(content, p.gold.person, people, (location,) if location else ()),
     }
 
 

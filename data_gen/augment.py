@@ -20,7 +20,11 @@ from dimmem.contract.conversation import Conversation
 
 NAMES_FILE = Path(__file__).parent / "data" / "first_names.txt"
 VOWELS = "aeiou"
-RENAMED_METADATA = ("observation", "event_summary")  # what a copy keeps besides `source`, renamed
+RENAMED_METADATA = (
+    "observation",
+    "event_summary",
+    "dimensions",
+)  # what a copy keeps besides `source`, renamed
 
 
 @cache

@@ -10,7 +10,14 @@ from datetime import date
 
 import pytest
 
-from data_gen.annotations import AnnotationTeacher, find_time, keywords_of, location_of, record_type
+from data_gen.annotations import (
+    AnnotationTeacher,
+    find_time,
+    keywords_of,
+    location_of,
+    phrase_of,
+    record_type,
+)
 from data_gen.augment import base_id, lookalike, rename, renamed_copies
 from data_gen.cli import main as datagen_main
 from dimmem.contract.loaders.locomo import load_locomo
@@ -90,6 +97,89 @@ def test_labels_are_the_observations_where_their_evidence_is_new(conv26):
     assert placed == coverage["records"] == coverage["observations_placed"] + coverage["events_placed"]
     assert coverage["observations_placed"] == coverage["observations"] > 150
     assert sum(coverage["not_placed"].values()) + coverage["events_placed"] == coverage["events"]
+
+
+@pytest.mark.parametrize(
+    "time,phrase",
+    [
+        ("2023-05-07", "on 2023-05-07"),
+        ("2023-06", "in June 2023"),
+        ("2022", "in 2022"),
+        ("2023-05-01/2023-05-07", "in the week of 2023-05-01"),
+        ("2023-05-06/2023-05-07", "on the weekend of 2023-05-06"),
+        ("2023-06/2023-08", "between June 2023 and August 2023"),
+        ("2023-05-02/2023-05-04", "between 2023-05-02 and 2023-05-04"),
+    ],
+)
+def test_a_time_reads_as_a_phrase(time, phrase):
+    assert phrase_of(time) == phrase
+
+
+def test_labels_carry_the_dimensions_read_from_the_dialogue(conv26):
+    """conv-26 was read (docs/locomo-dimensions.md): its labels take time, location, reason and purpose
+    from the reading, and the content says the reading's date in place of its relative expression."""
+    teacher = AnnotationTeacher([conv26])
+    records = [m for w in window_conversations([conv26], 25, 5) for m in teacher.memories(w)]
+    group = next(m for m in records if "activist group called" in m["content"])
+    assert (group["time"], group["content"]) == (
+        "2023-07-18",
+        "Caroline joined a new LGBTQ activist group called 'Connected LGBTQ Activists' on 2023-07-18.",
+    )
+    parade = next(m for m in records if "activist group participated in a pride parade" in m["content"])
+    assert parade["time"] == "2023-07-15/2023-07-16" and "on the weekend of 2023-07-15" in parade["content"]
+    assert parade["purpose"] == "to celebrate love and diversity"
+    filled = {d: sum(m[d] is not None for m in records) for d in ("time", "location", "reason", "purpose")}
+    assert all(n >= 20 for n in filled.values()), filled
+
+
+def test_a_label_is_told_by_its_person_citing_only_their_turns(conv26):
+    """An observation is told by its person, citing only the person's turns (a served record cites its
+    speaker's turns only); one whose person speaks none of its evidence ("Melanie said Caroline's
+    painting was lovely") is told by the evidence's speaker."""
+    from data_gen.annotations import place
+
+    speaker_of = {t.id: t.speaker for t in conv26.turns}
+    placed, _ = place(conv26)
+    observations = [p for p in placed if p.kind == "observation"]
+    assert sum(speaker_of[p.cites[0]] != p.gold.person for p in observations) == 2
+    for p in observations:
+        tellers = {speaker_of[t] for t in p.cites}
+        assert len(tellers) == 1
+        spoke = {speaker_of[t] for t in p.gold.evidence}
+        assert tellers == ({p.gold.person} if p.gold.person in spoke else {speaker_of[p.gold.evidence[0]]})
+
+
+def test_a_reading_attaches_only_to_the_text_it_was_read_for(locomo_path, tmp_path):
+    """The dimensions file names each annotation by place and a hash of its text: an edited annotation
+    loses its reading (no dimensions) instead of taking another's."""
+    data = json.loads(locomo_path.read_text())
+    conv = next(s for s in data if s["sample_id"] == "conv-26")
+    conv["observation"]["session_10_observation"]["Caroline"][0][0] = "Caroline joined a choir."
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps([conv]))
+    from dimmem.contract.annotations import conversation_gold
+
+    gold = conversation_gold(load_locomo(path)[0]).observations
+    edited = next(g for g in gold if g.path == ("session_10_observation", "Caroline", 0))
+    kept = next(g for g in gold if g.path == ("session_10_observation", "Caroline", 1))
+    assert edited.dimensions is None and kept.dimensions is not None
+
+
+def test_a_renamed_copy_renames_its_dimensions(locomo_path):
+    from dimmem.contract.annotations import conversation_gold
+
+    conv30 = next(c for c in load_locomo(locomo_path) if c.id == "conv-30")
+    copy = rename(conv30, {"Jon": "Mara", "Gina": "Mira"}, 1)
+
+    def texts(conv):
+        return [v for g in conversation_gold(conv).observations for v in (g.dimensions or {}).values() if v]
+
+    assert "taking Gina's advice" in texts(conv30) and "taking Mira's advice" in texts(copy)
+    assert not any("Jon" in t or "Gina" in t for t in texts(copy))
+    original = conversation_gold(conv30).observations
+    assert [g.dimensions is None for g in conversation_gold(copy).observations] == [
+        g.dimensions is None for g in original
+    ]
 
 
 def locomo_file(tmp_path, observation_text="Ann adopted a beagle named Rex yesterday."):

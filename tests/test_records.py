@@ -181,6 +181,8 @@ class TestXGrammar:
             ({"memories": []}, True),
             ({"memories": [{**memory, "speaker": "Ann"}]}, False),
             ({"memories": [{**memory, "source_turns": ["t2"]}]}, False),
+            ({"memories": [memory] * 3}, True),  # three new turns: three memories at most
+            ({"memories": [memory] * 4}, False),  # an answer repeating itself ends at the bound
         ):
             matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
             assert matcher.accept_string(canonical_json("extract", answer)) == accepted, answer

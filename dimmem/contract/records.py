@@ -143,14 +143,22 @@ def json_schema(task: str) -> dict:
     return copy.deepcopy(_schema(task))
 
 
+def max_memories(citable: dict[str, list[str]]) -> int:
+    """The most memories a window's answer may list: one per new turn (LoCoMo's annotations, the densest
+    gold there is, give at most 0.9 per new turn in a window)."""
+    return sum(len(turns) for turns in citable.values())
+
+
 def window_schema(citable: dict[str, list[str]]) -> dict:
     """The extract schema of one window. `citable`: speaker -> the new turn ids they spoke. Each memory
     names one of those speakers and cites only new turns of that speaker (at least one): the pointer
-    rules (source_turns_unknown/overlap/empty, speaker_mismatch) enforced while decoding, not after."""
+    rules (source_turns_unknown/overlap/empty, speaker_mismatch) enforced while decoding, not after.
+    At most one memory per new turn (`max_memories`): an answer stuck repeating itself ends there, with
+    its JSON closed, instead of running into its token budget."""
     schema = json_schema("extract")
     memories = schema["properties"]["memories"]
+    memories["maxItems"] = max_memories(citable)
     if not citable:  # no new turns: nothing may be cited, so no memory can be valid
-        memories["maxItems"] = 0
         return schema
     record = schema["$defs"].pop("MemoryRecord")
     variants = []
