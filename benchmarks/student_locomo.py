@@ -7,7 +7,8 @@ same conversations over raw turns, LoCoMo's observations, the labels and each st
         --out runs/student/heldout [--predictions NAME=FILE] [--conversations conv-26,conv-30]
 
 `--student NAME=EXPORT` serves a merged `dimmem export` folder (vLLM, `.venv-vllm`); `--predictions
-NAME=FILE` re-scores stored answers (a run's predictions.jsonl, e.g. benchmarks/results/) without a model.
+NAME=FILE` re-scores stored answers (a run's predictions.jsonl, e.g. benchmarks/results/) and `--labels
+NAME=FILE` a datagen labels.jsonl of the same windows, both without a model.
 Every row is a `dimmem eval extraction --benchmark locomo` run folder under OUT; the table is OUT/table.md,
 the numbers OUT/summary.json.
 """
@@ -96,27 +97,62 @@ def _locomo() -> Path:
     return shared_data("locomo/locomo10.json")
 
 
-def row(name: str, m: dict) -> str:
-    def f(key: str) -> str:
-        value = m.get(key)
-        return "n/a" if value is None else f"{value:.3f}"
+DIMENSIONS = ("time", "location", "reason", "purpose")
 
-    refused = m["rejected_memories"] / m["memories_predicted"] if m.get("memories_predicted") else 0.0
-    speed = f"{m['windows_per_s']:.3f}" if m.get("windows_per_s") else "-"
-    tokens = f"{m['tokens_per_record']:.0f}" if m.get("tokens_per_record") else "n/a"
+
+def _f(m: dict, key: str, digits: int = 3) -> str:
+    value = m.get(key)
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def row(name: str, m: dict) -> str:
+    fill = " / ".join(_f(m["dimension_fill"], d, 2) for d in DIMENSIONS)
+    speed = _f(m, "windows_per_s") if m.get("windows_per_s") else "-"
+    facts = f"{_f(m, 'fact_recall')} / {_f(m, 'fact_precision')} / **{m['fact_f1']:.3f}**"
+    cells = [
+        f"{m['records_per_window']:.2f}",
+        f"{m['pointer_f1']:.3f}",
+        facts,
+        f"**{m['fact_pointer_f1']:.3f}**",
+        _f(m, "wrong_person_rate"),
+        str(m["cut_answers"]),
+        f"{m['rejected_memories']} / {m['repeated_memories']}",
+        fill,
+        _f(m, "event_recall"),
+        _f(m, "tokens_per_record", 0),
+        speed,
+    ]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def dimension_row(name: str, m: dict) -> str:
     return (
-        f"| {name} | {m['records_per_window']:.2f} | {f('pointer_recall')} / {f('pointer_precision')} | "
-        f"{f('fact_recall')} / {f('fact_precision')} / **{m['fact_f1']:.3f}** | {f('speaker_accuracy')} | "
-        f"{f('event_recall')} | {refused:.1%} | {tokens} | {speed} |"
+        f"| {name} | "
+        + " | ".join(f"{_f(m, d + '_precision', 2)} / {_f(m, d + '_recall', 2)}" for d in DIMENSIONS)
+        + " |"
     )
 
 
+def sweep_row(name: str, m: dict) -> str:
+    return f"| {name} | " + " / ".join(f"{v:.3f}" for v in m["sensitivity"]["cosine"].values()) + " |"
+
+
 def table(rows: dict[str, dict], recall: dict[str, dict]) -> str:
+    cosines = " / ".join(next(iter(rows.values()))["sensitivity"]["cosine"])
     lines = [
-        "| extractor | records / window | pointer R / P | fact R / P / **F1** | speaker accuracy | event R "
-        "| refused | tokens / record | windows/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| extractor | records / window | pointer F1 | fact R / P / **F1** | **fact+pointer F1** "
+        "| wrong person | answers cut | refused / repeated | filled: time / location / reason / purpose "
+        "| event R | tokens / record | windows/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(row(name, m) for name, m in rows.items()),
+        "",
+        "| extractor | " + " | ".join(f"{d} P / R" for d in DIMENSIONS) + " |",
+        "|---|---|---|---|---|",
+        *(dimension_row(name, m) for name, m in rows.items()),
+        "",
+        f"| extractor | fact F1 at cosine {cosines} |",
+        "|---|---|",
+        *(sweep_row(name, m) for name, m in rows.items()),
         "",
         "| memories | records | evidence R@10 | tokens@10 |",
         "|---|---|---|---|",
@@ -133,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--predictions", type=pair, action="append", default=[], help="NAME=predictions.jsonl"
     )
+    parser.add_argument("--labels", type=pair, action="append", default=[], help="NAME=labels.jsonl")
     parser.add_argument("--conversations", default=",".join(HELD_OUT))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -149,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, path in args.predictions:
         rows[name] = extraction(out, name, conversations, "--predictions", path)
+    for name, path in args.labels:
+        rows[name] = extraction(out, name, conversations, "--labels", path)
     for name, export in args.student:
         rows[name] = served(out, name, export, conversations)
     memory_sets = {
@@ -156,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "LoCoMo observations": "observations",
         "annotation labels": str(labels),
     }
-    names = [n for n, _ in args.predictions] + [n for n, _ in args.student]
+    names = [n for n, _ in [*args.predictions, *args.labels, *args.student]]
     memory_sets |= {name: str(out / name / "records.jsonl") for name in names}
     recall = {
         name: retrieval(out, name.replace(" ", "-"), m, conversations) for name, m in memory_sets.items()
