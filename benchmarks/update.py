@@ -84,7 +84,7 @@ def llm_endpoint(llm: str | None, log_dir: Path):
         return
     from benchmarks.local_teacher import teacher_file
     from dimmem.launch import free_port
-    from serve.llamacpp import llamacpp_service
+    from dimmem.llamacpp import llamacpp_service
 
     port = free_port()
     with llamacpp_service(log_dir / "consolidator.log", teacher_file(), port, name="consolidator"):

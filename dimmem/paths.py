@@ -16,6 +16,12 @@ EXPORT_CONFIG = "dimmem_export.json"  # beside an export's weights: how it was t
 GGUF_SETTINGS_KEY = "dimmem.export"  # the same serving settings (JSON) inside each GGUF file of an export
 
 
+def cache_dir() -> Path:
+    """Where what is built once lives (the embedder's ONNX export, fitted thresholds, the shipped
+    student's base): `$DIMMEM_CACHE`, else ~/.cache/dimmem."""
+    return Path(os.environ.get("DIMMEM_CACHE") or Path.home() / ".cache" / "dimmem")
+
+
 def read_export_config(folder: str | Path) -> dict:
     """An export folder's `dimmem_export.json` (FileNotFoundError: the folder is not an export;
     ValueError: the file is not a JSON object), the one reader for every command that serves, converts

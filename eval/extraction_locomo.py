@@ -435,8 +435,8 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
     from dimmem.contract.prompts import extract_messages, extract_prompt_counter
     from dimmem.contract.tokens import load_tokenizer
     from dimmem.contract.windows import window_conversations
-    from dimmem.paths import shared_data
-    from dimmem.runtime.embed import cache_dir, default_model_path, make_embedder
+    from dimmem.paths import cache_dir, shared_data
+    from dimmem.runtime.embed import default_model_path, make_embedder
 
     bench = cfg.locomo
     input_path = Path(bench.input) if bench.input else shared_data("locomo/locomo10.json")

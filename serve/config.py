@@ -35,6 +35,11 @@ class ServeConfig(Section):
         description="the runtime: extractor, parser, consolidator (configs/memory/)",
     )
     store: str | None = Field(None, description="overrides the memory config's store")
+    student: bool = Field(
+        False,
+        description="the shipped student extracts (the memory config's `extractor: student`): llama.cpp on "
+        "this machine, built on first use",
+    )
     tenants: list[Tenant] = Field(min_length=1)
     operator_key_env: str | None = Field(
         None,
@@ -71,6 +76,11 @@ class ServeConfig(Section):
         if self.operator_key_env in {t.api_key_env for t in self.tenants}:
             raise ValueError(f"operator_key_env {self.operator_key_env} is also a tenant's api_key_env")
         return self
+
+    def extractor(self) -> str | None:
+        """The extractor this service asks of the runtime over its memory config's: the student, or None
+        (the config's own)."""
+        return "student" if self.student else None
 
     def _variables(self) -> dict[str, str]:
         """Variable -> who it names ("tenant a", "the operator")."""

@@ -417,7 +417,9 @@ def serve(config: McpConfig) -> None:
     from dimmem.runtime.stores import redacted
     from serve.server import serve as serve_http
 
-    memory = Memory.from_config(config.memory_config, store=config.runtime_store())
+    memory = Memory.from_config(
+        config.memory_config, store=config.runtime_store(), extractor=config.extractor()
+    )
     try:
         memory.embedder.encode(["warm-up"])  # the first search does not wait for the model to load
         if config.transport == "stdio":

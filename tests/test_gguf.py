@@ -13,8 +13,8 @@ import yaml
 
 from dimmem.contract.tokens import render_prompt
 from dimmem.launch import free_port
+from dimmem.llamacpp import LlamaCppError, llamacpp_service, resolve_model, server_params
 from dimmem.paths import CONFIG_DIR, shared_data
-from serve.llamacpp import LlamaCppError, llamacpp_service, resolve_model, server_params
 from train.gguf_export import GgufExportError, _llama_cpp_quantize, _more_bits, modelfile, parse_types
 
 # ---- unit ------------------------------------------------------------------------------------------------
@@ -70,7 +70,9 @@ def test_modelfile_lays_out_the_prompt_as_the_chat_template(qwen3_tokenizer):
 def test_gguf_needs_merged_weights(tmp_path):
     from train.export import export
 
-    with pytest.raises(ValueError, match="--gguf converts merged weights: add --merge"):
+    with pytest.raises(
+        ValueError, match="--gguf without --merge writes the adapter as a GGUF LoRA: --gguf f16"
+    ):
         export(tmp_path / "run", tmp_path / "out", gguf=["q8_0"])
     assert not (tmp_path / "out").exists()
 
@@ -217,7 +219,7 @@ def test_a_real_llm_labels_locomo_windows_through_llama_cpp(tmp_path):
     passes the validator, and what it got wrong is quarantined with the validator's reason, not kept."""
     from data_gen.config import DatagenConfig
     from data_gen.run import run as datagen
-    from train.gguf_base import assemble_parts
+    from dimmem.gguf_file import assemble_parts
 
     spec = yaml.safe_load((CONFIG_DIR / "train" / "qwen25-coder-0.5b-locomo.yaml").read_text())["gguf_base"]
     teacher = assemble_parts(spec["parts"], tmp_path / spec["file"], spec.get("sha256"))
@@ -238,3 +240,108 @@ def test_a_real_llm_labels_locomo_windows_through_llama_cpp(tmp_path):
     for row in labels:  # the validator let these through: speakers of the window, turns it cites
         for memory in row["value"]["memories"]:
             assert memory["speaker"] in ("Caroline", "Melanie") and memory["source_turns"]
+
+
+# ---- a LoRA adapter as GGUF, applied by llama.cpp over its base --------------------------------------------
+
+
+def _tiny_qwen2_with_adapter(root, tokenizer=None):
+    """A random 2-layer Qwen2 (the students' architecture) and a LoRA adapter over every projection whose B
+    is not zero, saved as a PEFT adapter; the base and the merged model as folders."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer) if tokenizer is not None else 256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(root / "base")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    for name, weight in peft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(weight, std=0.05)
+    peft.save_pretrained(root / "adapter")
+    peft.merge_and_unload().save_pretrained(root / "merged")
+    if tokenizer is not None:
+        for folder in ("base", "merged"):
+            tokenizer.save_pretrained(root / folder)
+
+
+def test_a_lora_adapter_becomes_the_gguf_lora_llama_cpp_reads(tmp_path):
+    """Each adapted weight's A and B under its llama.cpp name, in ggml's order (A: inputs x rank, B: rank
+    x outputs), in f16, with the adapter's alpha and the base's architecture."""
+    from train.gguf_export import write_lora_gguf
+
+    _tiny_qwen2_with_adapter(tmp_path)
+    out = write_lora_gguf(tmp_path / "adapter", tmp_path / "base", tmp_path / "adapter.gguf")
+    reader = gguf.GGUFReader(out)
+    fields = {
+        k: reader.get_field(k).contents() for k in ("general.type", "adapter.type", "adapter.lora.alpha")
+    }
+    assert fields == {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 8.0}
+    assert reader.get_field("general.architecture").contents() == "qwen2"
+    tensors = {t.name: (t.shape.tolist(), t.tensor_type.name) for t in reader.tensors}
+    assert len(tensors) == 2 * 7 * 2  # A and B of seven projections in two layers
+    assert tensors["blk.0.ffn_down.weight.lora_a"] == ([256, 4], "F16")
+    assert tensors["blk.1.attn_q.weight.lora_b"] == ([4, 128], "F16")
+    assert tensors["blk.1.attn_k.weight.lora_b"] == ([4, 64], "F16")  # one key head of 64
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_llama_cpp_applies_the_gguf_lora_as_the_merged_weights_answer(tmp_path, qwen3_tokenizer):
+    """The base GGUF with the adapter GGUF over it decodes, greedily, exactly what the merged model's GGUF
+    decodes, and not what the base alone does."""
+    import urllib.request
+
+    from train.gguf_export import write_gguf, write_lora_gguf
+
+    _tiny_qwen2_with_adapter(tmp_path, qwen3_tokenizer)
+    for folder in ("base", "merged"):
+        write_gguf(tmp_path / folder, ["f16"], {})
+    adapter = write_lora_gguf(tmp_path / "adapter", tmp_path / "base", tmp_path / "adapter.gguf")
+
+    def greedy(model, **lora) -> str:
+        port = free_port()
+        with llamacpp_service(tmp_path / f"{model.parent.name}.log", model, port, threads=1, ctx=512, **lora):
+            body = json.dumps({"prompt": "My name is Ann and I", "max_tokens": 16, "temperature": 0}).encode()
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+            )
+            return json.loads(urllib.request.urlopen(request).read())["choices"][0]["text"]
+
+    base = tmp_path / "base" / "model-f16.gguf"
+    merged = greedy(tmp_path / "merged" / "model-f16.gguf")
+    assert greedy(base, lora=adapter) == merged != greedy(base)
+
+
+def test_an_adapter_for_another_model_is_refused_in_one_line(tmp_path):
+    from dimmem.llamacpp import check_adapter
+    from train.gguf_export import write_lora_gguf
+
+    _tiny_qwen2_with_adapter(tmp_path)
+    adapter = write_lora_gguf(tmp_path / "adapter", tmp_path / "base", tmp_path / "adapter.gguf")
+
+    def model(arch: str):
+        path = tmp_path / f"{arch}.gguf"
+        writer = gguf.GGUFWriter(path, arch)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
+
+    assert check_adapter(adapter, model("qwen2")) == adapter
+    with pytest.raises(LlamaCppError, match="an adapter for 'qwen2', not for .*llama.gguf's 'llama'"):
+        check_adapter(adapter, model("llama"))
+    with pytest.raises(LlamaCppError, match="qwen2.gguf: not a LoRA adapter GGUF"):
+        check_adapter(model("qwen2"), model("qwen2"))

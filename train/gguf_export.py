@@ -80,6 +80,36 @@ def write_gguf(folder: Path, kinds: list[str], settings: dict, pre_tokenizer_fro
     return written
 
 
+def write_lora_gguf(adapter: Path, base: Path, out: Path) -> Path:
+    """The PEFT LoRA adapter in `adapter` as the GGUF LoRA llama.cpp applies over its base (`--lora`):
+    each adapted weight's A and B under the base tensor's llama.cpp name (`blk.0.attn_q.weight.lora_a`),
+    in f16, with the adapter's alpha, for the base's architecture (read from the `base` folder)."""
+    import gguf
+    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
+    from safetensors.numpy import load_file
+
+    hparams = ModelBase.load_hparams(base, False)
+    model_arch = get_model_class(get_model_architecture(hparams, ModelType.TEXT)).model_arch
+    names = gguf.get_tensor_name_map(model_arch, hparams["num_hidden_layers"])
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    writer = gguf.GGUFWriter(out.with_name(out.name + ".partial"), gguf.MODEL_ARCH_NAMES[model_arch])
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(config["lora_alpha"]))
+    for key, value in sorted(load_file(adapter / "adapter_model.safetensors").items()):
+        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight -> blk.0.attn_q.weight.lora_a
+        module, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
+        name = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        if name is None:
+            raise GgufExportError(f"{adapter}: llama.cpp has no tensor for the adapted {module}")
+        writer.add_tensor(f"{name}.lora_{part.split('.')[0].lower()}", value.astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out.with_name(out.name + ".partial").replace(out)
+
+
 def _converter(base_class, settings: dict, pre: str | None):
     """The architecture's converter, with the export's settings in the file, a known pre-tokenizer for a
     retrained vocabulary, and llama.cpp's Q4_K_M choice of type per tensor."""

@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--input", required=True)
     add.add_argument("--user", help="one user for all conversations (default: each conversation's id)")
     add.add_argument("--limit", type=int, help="at most this many conversations")
+    add.add_argument(
+        "--student",
+        action="store_true",
+        help="extract with the shipped student (llama.cpp on this machine, built on first use) instead of "
+        "the config's extractor",
+    )
     add.set_defaults(memory_handler=run_add)
 
     load = sub.add_parser("load", help="add a datagen labels.jsonl (each conversation as its own user)")
@@ -85,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
 def _runtime(args: argparse.Namespace):
     from dimmem.runtime.memory import Memory
 
-    return Memory.from_config(args.config, args.overrides, store=args.store)
+    extractor = "student" if getattr(args, "student", False) else None
+    return Memory.from_config(args.config, args.overrides, store=args.store, extractor=extractor)
 
 
 def _print_update_stats(memory) -> None:
@@ -106,11 +113,14 @@ def run_add(args: argparse.Namespace) -> int:
     conversations = load_conversations(args.format, args.input)[: args.limit]
     memory = _runtime(args)
     stored = 0
-    for conv in progress(conversations, desc="adding", unit="conv"):
-        result = memory.add(conv, user_id=args.user or conv.id)
-        stored += sum(e["action"] != "UNCHANGED" for e in result.events)
-        for why in [*result.failed.values(), *result.rejected]:
-            print(f"  skipped {why}", file=sys.stderr)
+    try:
+        for conv in progress(conversations, desc="adding", unit="conv"):
+            result = memory.add(conv, user_id=args.user or conv.id)
+            stored += sum(e["action"] != "UNCHANGED" for e in result.events)
+            for why in [*result.failed.values(), *result.rejected]:
+                print(f"  skipped {why}", file=sys.stderr)
+    finally:
+        memory.close()  # the student's llama.cpp goes with it
     print(
         f"{len(conversations)} conversations, {memory.stats['windows']} windows, {stored} records into "
         f"{redacted(memory.store.url)}; {memory.stats['failed_windows']} windows without an answer, "

@@ -92,6 +92,23 @@ class UpdateConfig(Section):
     paper_similarity: float = Field(0.7, ge=-1, le=1, description="candidates paper: cosine from this on")
 
 
+class StudentConfig(Section):
+    """The shipped student as the extractor (`extractor: student`, dimmem/runtime/student.py): llama.cpp on
+    this machine, its base assembled from PyPI packages on first use."""
+
+    folder: str | None = Field(
+        None, description="a student adapter export (adapter.gguf, dimmem_train.json); null: the shipped one"
+    )
+    threads: int | None = Field(None, ge=1, description="CPU threads of llama.cpp; null: every core")
+    parallel: int = Field(1, ge=1, description="windows decoded together (llama.cpp slots)")
+    context: int = Field(
+        6144, ge=512, description="tokens per window: the longest 25/5 LoCoMo prompt (3.2k) and the answer"
+    )
+    max_tokens: int = Field(2048, ge=1, description="answer budget per window")
+    timeout: float = Field(1800.0, gt=0, description="seconds one window may take (a CPU is slow)")
+    startup_timeout: float = Field(300.0, gt=0, description="seconds llama.cpp may take to load")
+
+
 class PoolConfig(Section):
     """Postgres connections of one process (each worker has its own pool); SQLite ignores it."""
 
@@ -133,7 +150,8 @@ class MemoryConfig(Section):
     )
     embedder: EmbedderConfig = EmbedderConfig()
     model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
-    extractor: Literal["model", "replay", "turns"] = "turns"
+    extractor: Literal["model", "student", "replay", "turns"] = "turns"
+    student: StudentConfig = StudentConfig()
     extractor_format: ExtractFormatName = Field(
         "dimmem",
         description="what the 'model' extractor speaks: dimmem (this contract), or the DimMem authors' "
@@ -213,6 +231,10 @@ class MemoryConfig(Section):
         if self.extractor == "model":
             fmt = extract_format(self.extractor_format)
             return EndpointExtractor(client or self.client(), self.model.concurrency, fmt)
+        if self.extractor == "student":
+            from dimmem.runtime.student import StudentExtractor
+
+            return StudentExtractor(self.student)
         if self.extractor == "replay":
             return ReplayExtractor(self.labels)
         return TurnExtractor()

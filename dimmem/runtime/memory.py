@@ -391,9 +391,12 @@ class Memory:
         return self.searcher.paths(query, user_id, parsed, query_vector)
 
     def close(self) -> None:
-        """Close the store (its connection or pool) and the helper threads."""
+        """Close the store (its connection or pool), the helper threads, and an extractor's own server
+        (the student's llama.cpp)."""
         self._helpers.shutdown()
         self.store.close()
+        if hasattr(self.extractor, "close"):
+            self.extractor.close()
 
     # --- export / import ----------------------------------------------------------------------------
     def export_jsonl(self, path: str | Path, *, user_id: str) -> int:

@@ -3,12 +3,14 @@ server compiled into a Python wheel, so nothing builds on install).
 
     dimmem serve llamacpp --model runs/demo/export-tiny              # an export written with --gguf
     dimmem serve llamacpp --model teacher.gguf --ctx 8192 --port 8080
+    dimmem serve llamacpp --model base.gguf --lora adapter.gguf     # a base and a LoRA adapter over it
 
 It is one more OpenAI-compatible endpoint: the memory service (`extractor.base_url`), `dimmem eval
 extraction --base-url` and the datagen teacher (`teacher.base_url`) use it as they use vLLM. Each request's
 `response_format` (the window's JSON Schema, which ModelClient always sends) becomes a grammar inside
 llama.cpp, so every answer that ends parses. Settings of an export come from its dimmem_export.json:
-thinking off through the chat template's arguments, the context length it trained with.
+thinking off through the chat template's arguments, the context length it trained with. The runtime
+starts the same server as a child process (`python -m dimmem.llamacpp`) for the shipped student.
 """
 
 from __future__ import annotations
@@ -84,12 +86,16 @@ def server_params(
     threads: int | None = None,
     parallel: int = 1,
     api_key: str | None = None,
+    lora: Path | None = None,
 ):
-    """xllamacpp's CommonParams: greedy decoding, the export's chat template arguments and context."""
+    """xllamacpp's CommonParams: greedy decoding, the export's chat template arguments and context, and
+    a LoRA adapter over the model when one is given."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
     params.model.path = str(gguf)
+    if lora is not None:
+        params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(str(lora), 1.0)]
     params.model_alias = {name}
     params.hostnames = [host]
     params.port = port
@@ -109,6 +115,7 @@ def server_params(
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="a .gguf file, or an export folder with GGUF files")
+    parser.add_argument("--lora", help="a LoRA adapter as GGUF (adapter.gguf) to apply over the model")
     parser.add_argument("--quant", help="which of the export's GGUF files (f16, q8_0, q4_k_m; default q8_0)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
@@ -117,6 +124,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     parser.add_argument("--parallel", type=int, default=1, help="requests decoded together (slots)")
     parser.add_argument("--api-key-env", help="require the key in this environment variable")
+    parser.add_argument(
+        "--exit-with-parent", action="store_true", help="stop when the process that started this one is gone"
+    )
 
 
 def run_llamacpp(args) -> int:
@@ -131,8 +141,9 @@ def run_llamacpp(args) -> int:
         key = os.environ.get(args.api_key_env)
         if not key:
             raise LlamaCppError(f"--api-key-env {args.api_key_env}: the variable is not set or empty")
+    lora = check_adapter(Path(args.lora), gguf) if args.lora else None
     params = server_params(
-        gguf, meta, args.host, args.port, args.name, args.ctx, args.threads, args.parallel, key
+        gguf, meta, args.host, args.port, args.name, args.ctx, args.threads, args.parallel, key, lora
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,18 +154,59 @@ def run_llamacpp(args) -> int:
         raise LlamaCppError(f"{gguf}: llama.cpp could not start ({exc}); its log above says why") from None
     print(json.dumps({"serving": str(gguf), "name": args.name, "url": f"{server.listening_address}/v1"}))
     sys.stdout.flush()
-    stop.wait()
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        if args.exit_with_parent and os.getppid() != parent:  # orphaned: the parent was killed
+            break
     return 0
+
+
+def check_adapter(path: Path, model: Path) -> Path:
+    """A LoRA adapter GGUF for the model's architecture, or one line saying what it is instead."""
+    try:
+        reader = open_gguf(path)
+    except ValueError as exc:
+        raise LlamaCppError(str(exc)) from None
+
+    def text(key: str) -> str | None:
+        field = reader.get_field(key)
+        return field.contents() if field is not None else None
+
+    if text("general.type") != "adapter" or text("adapter.type") != "lora":
+        raise LlamaCppError(f"{path}: not a LoRA adapter GGUF (general.type {text('general.type')!r})")
+    base = open_gguf(model).get_field("general.architecture")
+    if base is not None and text("general.architecture") != base.contents():
+        raise LlamaCppError(
+            f"{path}: an adapter for {text('general.architecture')!r}, not for {model}'s {base.contents()!r}"
+        )
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dimmem.llamacpp`: the server alone, as the runtime starts it for the shipped student."""
+    import argparse
+
+    from dimmem.errors import run_command
+
+    parser = argparse.ArgumentParser(prog="python -m dimmem.llamacpp", description=__doc__)
+    add_arguments(parser)
+    return run_command("llamacpp", run_llamacpp, parser.parse_args(argv))
 
 
 def llamacpp_service(
     log: str | Path, model: str | Path, port: int, startup_timeout: float = 300.0, **flags
 ) -> Service:
-    """`dimmem serve llamacpp` as a `with` block; ready once /v1/models answers."""
-    command = [sys.executable, "-m", "serve", "llamacpp", "--model", str(model), "--port", str(port)]
+    """The llama.cpp server as a `with` block (a child process); ready once /v1/models answers."""
+    command = [sys.executable, "-m", "dimmem.llamacpp", "--model", str(model), "--port", str(port)]
     for flag, value in flags.items():
-        if value is not None:
+        if value is True:
+            command.append(f"--{flag.replace('_', '-')}")
+        elif value not in (None, False):
             command += [f"--{flag.replace('_', '-')}", str(value)]
     return Service(
         command, f"http://127.0.0.1:{port}/v1/models", log, startup_timeout=startup_timeout, name="llama.cpp"
     )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
