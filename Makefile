@@ -56,7 +56,7 @@ demo: install
 	# LoRA SFT of a tiny random Qwen3 on that dataset (CPU), then merge and export it, also as a GGUF file
 	# for llama.cpp and Ollama (`dimmem serve llamacpp --model $(RUNS)/export-tiny`; docs/serve.md)
 	$(BIN)/dimmem train --config configs/train/tiny.yaml
-	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge --gguf q8_0
+	$(BIN)/dimmem export --run $(RUNS)/train-tiny --out $(RUNS)/export-tiny --merge --gguf q8_0 --overwrite
 	# what training taught: the untrained and the trained tiny model on held-out toy windows (unconstrained)
 	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/tiny-base --max-tokens 768 --out $(RUNS)/eval-untrained
 	$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(RUNS)/export-tiny --max-tokens 768 --out $(RUNS)/eval-trained
@@ -81,7 +81,7 @@ PRE := runs/pretrained
 demo-pretrained: install
 	test -d $(RUNS)/datagen || $(BIN)/dimmem datagen --config configs/datagen/toy.yaml --out $(RUNS)/datagen
 	$(BIN)/dimmem train --config configs/train/smollm2-135m.yaml
-	$(BIN)/dimmem export --run $(PRE)/train-smollm2 --out $(PRE)/export-smollm2 --merge --gguf q8_0,f16,q4_k_m
+	$(BIN)/dimmem export --run $(PRE)/train-smollm2 --out $(PRE)/export-smollm2 --merge --gguf q8_0,f16,q4_k_m --overwrite
 	for m in smollm2-135m-base export-smollm2; do \
 		$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(PRE)/$$m --max-tokens 768 \
 			--out $(PRE)/eval-$$m || exit 1; \
@@ -92,20 +92,23 @@ demo-pretrained: install
 	$(BIN)/dimmem eval retrieval --config configs/eval/retrieval-toy.yaml --extractor student=$(PRE)/export-smollm2 \
 		--out $(PRE)/retrieval-toy.json
 
-# The real-dialogue student (README "The real-dialogue student", docs/train.md): LoCoMo's annotations as
-# labels with conv-26 and conv-30 held out, LoRA SFT of Qwen2.5-Coder-0.5B-Instruct on the CPU (about 3.3 h on
-# the 2-core reference machine; killed, it resumes from its last checkpoint when run again), the merged
-# export, then the held-out table (benchmarks/student_locomo.py): the rule extractor, the labels themselves,
-# the student served by vLLM, and retrieval over each. jemalloc keeps the CPU trainer's freed activations
-# for 30 s instead of handing them back to the kernel at once (glibc's page faults cost half a step: docs/train.md).
+# The real-dialogue student (docs/train.md "The real-dialogue student"): LoCoMo's annotations as labels (their
+# dimensions read from the dialogue) with conv-26 and conv-30 held out, LoRA SFT of Qwen2.5-Coder-0.5B-Instruct
+# on the CPU (about 4 h on the 2-core reference machine; killed, it resumes from its last checkpoint when run
+# again), the checkpoint of lowest validation loss exported as a student folder (the adapter in f16 and as a
+# GGUF LoRA: what `extractor: student` runs; dimmem/students/ ships one), then the held-out table
+# (benchmarks/student_locomo.py): the rule extractor, the labels themselves, the student on llama.cpp as the
+# runtime runs it, and retrieval over each. jemalloc keeps the CPU trainer's freed activations for 30 s
+# instead of handing them back to the kernel at once (glibc's page faults cost half a step: docs/train.md).
 STU := runs/student
 JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2))
-student: install serve-cpu jemalloc
+student: install jemalloc
 	$(BIN)/dimmem datagen --config configs/datagen/locomo-annotations.yaml
 	LD_PRELOAD=$(JEMALLOC) MALLOC_CONF=dirty_decay_ms:30000,muzzy_decay_ms:30000,thp:always \
 		$(BIN)/dimmem train --config configs/train/qwen25-coder-0.5b-locomo.yaml
-	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --out $(STU)/export-qwen25-0.5b --merge --gguf q8_0,f16,q4_k_m
-	$(BIN)/python -m benchmarks.student_locomo --student qwen2.5-coder-0.5b=$(STU)/export-qwen25-0.5b --out $(STU)/heldout
+	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --checkpoint best --out $(STU)/student \
+		--adapter-dtype float16 --gguf f16 --overwrite
+	$(BIN)/python -m benchmarks.student_locomo --student-folder qwen2.5-coder-0.5b=$(STU)/student --out $(STU)/heldout
 
 # Debian's jemalloc (apt-get; root or sudo), for the CPU training of `make student`
 jemalloc:
@@ -187,7 +190,7 @@ bench-checkpoints: install
 	$(BIN)/dimmem train --config $(CKPT_PROFILE) --output_dir $(CKPT)/train --save_steps $(CKPT_EVERY) \
 		--save_total_limit 10 --eval_strategy no --report_to none
 	for n in $(CKPT_STEPS); do \
-		$(BIN)/dimmem export --run $(CKPT)/train --checkpoint $$n --out $(CKPT)/export-$$n --merge && \
+		$(BIN)/dimmem export --run $(CKPT)/train --checkpoint $$n --out $(CKPT)/export-$$n --merge --overwrite && \
 		$(BIN)/dimmem eval extraction --references $(RUNS)/datagen:test --hf-model $(CKPT)/export-$$n \
 			--max-tokens 768 --out $(CKPT)/eval-$$n && \
 		$(BIN)/dimmem eval retrieval --benchmark toy --set 'toy.sets=[]' --set toy.assistant_chats=0 \

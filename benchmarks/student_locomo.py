@@ -1,12 +1,15 @@
 """Extractors on LoCoMo conversations no student trained on, side by side in one run: the rule extractor,
 the annotation labels themselves (the ceiling: what the annotations teacher writes for these windows), and
-each student served by vLLM on CPU under the window's structured outputs. Then LLM-free retrieval on the
-same conversations over raw turns, LoCoMo's observations, the labels and each student's records.
+each student under the window's structured outputs: a student folder (an adapter export with its GGUF
+LoRA: what `extractor: student` runs) on llama.cpp, or a merged export on vLLM. Then LLM-free retrieval on
+the same conversations over raw turns, LoCoMo's observations, the labels and each student's records.
 
-    python -m benchmarks.student_locomo --student qwen-0.5b=runs/student/export-qwen25-0.5b \\
+    python -m benchmarks.student_locomo --student-folder qwen-0.5b=dimmem/students/qwen25-coder-0.5b-locomo \\
         --out runs/student/heldout [--predictions NAME=FILE] [--conversations conv-26,conv-30]
 
-`--student NAME=EXPORT` serves a merged `dimmem export` folder (vLLM, `.venv-vllm`); `--predictions
+`--student-folder NAME=FOLDER` runs a student folder on llama.cpp exactly as the runtime does (the base
+from its chunk packages, the adapter over it, greedy, the runtime's `student` settings); `--student
+NAME=EXPORT` serves a merged `dimmem export` folder (vLLM, `.venv-vllm`); `--predictions
 NAME=FILE` re-scores stored answers (a run's predictions.jsonl, e.g. benchmarks/results/) and `--labels
 NAME=FILE` a datagen labels.jsonl of the same windows, both without a model.
 Every row is a `dimmem eval extraction --benchmark locomo` run folder under OUT; the table is OUT/table.md,
@@ -80,6 +83,20 @@ def served(out: Path, name: str, export: str, conversations: list[str]) -> dict:
     log = out / f"{name}.vllm.log"
     with vllm_service(log, port, model=export, max_model_len=MAX_MODEL_LEN):
         return extraction(out, name, conversations, *endpoint(port, 8), "--max-tokens", str(MAX_TOKENS))
+
+
+def on_llama_cpp(out: Path, name: str, folder: str, conversations: list[str]) -> dict:
+    """A student folder served as `extractor: student` serves it: its base and adapter on llama.cpp."""
+    from dimmem.llamacpp import llamacpp_service
+    from dimmem.runtime.config import StudentConfig
+    from dimmem.runtime.student import ADAPTER, base_gguf, checked
+
+    settings, port = StudentConfig(), free_port()
+    model, lora = base_gguf(Path(folder)), checked(Path(folder), ADAPTER)
+    log = out / f"{name}.llamacpp.log"
+    with llamacpp_service(log, model, port, lora=lora, ctx=settings.context, parallel=settings.parallel):
+        flags = [*endpoint(port, settings.parallel), "--max-tokens", str(settings.max_tokens)]
+        return extraction(out, name, conversations, *flags)
 
 
 def retrieval(out: Path, name: str, memories: str, conversations: list[str]) -> dict:
@@ -165,6 +182,9 @@ def table(rows: dict[str, dict], recall: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.student_locomo", description=__doc__)
+    parser.add_argument(
+        "--student-folder", type=pair, action="append", default=[], help="NAME=STUDENT_FOLDER (llama.cpp)"
+    )
     parser.add_argument("--student", type=pair, action="append", default=[], help="NAME=EXPORT_DIR (vLLM)")
     parser.add_argument(
         "--predictions", type=pair, action="append", default=[], help="NAME=predictions.jsonl"
@@ -188,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = extraction(out, name, conversations, "--predictions", path)
     for name, path in args.labels:
         rows[name] = extraction(out, name, conversations, "--labels", path)
+    for name, folder in args.student_folder:
+        rows[name] = on_llama_cpp(out, name, folder, conversations)
     for name, export in args.student:
         rows[name] = served(out, name, export, conversations)
     memory_sets = {
@@ -195,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "LoCoMo observations": "observations",
         "annotation labels": str(labels),
     }
-    names = [n for n, _ in [*args.predictions, *args.labels, *args.student]]
+    names = [n for n, _ in [*args.predictions, *args.labels, *args.student_folder, *args.student]]
     memory_sets |= {name: str(out / name / "records.jsonl") for name in names}
     recall = {
         name: retrieval(out, name.replace(" ", "-"), m, conversations) for name, m in memory_sets.items()

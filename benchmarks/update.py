@@ -3,7 +3,8 @@
 - labeled pairs (benchmarks/data/: the set the rules were set on, and a second one drawn after; both
   marked by hand): each pair's earlier observation stored, then the later one added: is it joined
   (SUPERSEDE, MERGE, HISTORY) when the label is `update` or `restated`, and kept apart when `distinct`?
-  Precision and recall of joining;
+  Precision and recall of joining; the same for hand-written pairs of a changed attribute (a home, a
+  job, a pet, a plan told again in other words, beside look-alikes that change nothing);
 - LoCoMo's 2,541 observations (as the annotations teacher writes them: typed, dated, placed) through
   the update path, in session order and shuffled (seeded): what
   is superseded or merged, how often an older record replaced a newer one, comparisons per add, time,
@@ -40,9 +41,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.runtime import backends
-from benchmarks.update_pairs import CHECK, PAIRS, load_pairs
+from benchmarks.update_pairs import CHANGED, CHECK, PAIRS, load_pairs
 from data_gen.annotations import place, record_of
 from dimmem.contract.loaders import load_conversations
+from dimmem.contract.records import MEMORY_FIELDS, memory_record
 from dimmem.contract.toyworld import generate_world
 from dimmem.paths import shared_data, write_json
 from dimmem.runtime.embed import make_embedder
@@ -104,24 +106,29 @@ def observation_records(conv) -> list[dict]:
     return sorted(rows, key=lambda r: (r["session_time"], int(r["id"].rsplit("/", 1)[1])))
 
 
+def written(row: dict) -> dict:
+    """A hand-written record of the labeled file, in the contract's shape (blank fields empty)."""
+    fields = {k: row[k] for k in MEMORY_FIELDS if k in row}
+    return {**memory_record(**fields), "id": row["id"], "session_time": row["session_time"]}
+
+
 def memory_for(url: str, settings: dict, embedder) -> Memory:
     return Memory({"store": url, **settings}, embedder=embedder)
 
 
-def labeled_pairs(make, observations: dict[str, dict], pairs: list[dict]) -> dict:
-    """Each pair in a user of its own: the earlier stored, the later added; joined or kept apart. With a
-    model consolidator, also what it decided (`model`) and what fell back to the rules (`invalid`,
-    `unavailable`), and its seconds a decision."""
+def labeled_pairs(make, pairs: list[tuple[dict, dict, str]]) -> dict:
+    """Each (earlier, later, label) pair in a user of its own: the earlier stored, the later added;
+    joined or kept apart. With a model consolidator, also what it decided (`model`) and what fell back to
+    the rules (`invalid`, `unavailable`), and its seconds a decision."""
     memory = make("pairs")
     outcome = Counter()
     start = time.perf_counter()
     try:
-        for n, pair in enumerate(tqdm(pairs, desc="labeled pairs", leave=False, disable=None)):
-            old, new = observations[pair["old"]], observations[pair["new"]]
+        for n, (old, new, label) in enumerate(tqdm(pairs, desc="labeled pairs", leave=False, disable=None)):
             memory.add_records([old], user_id=f"p{n}", consolidate=False)
             [event] = memory.add_records([new], user_id=f"p{n}")
             joined = event["action"] in JOINED
-            outcome[("joined" if joined else "apart", pair["label"])] += 1
+            outcome[("joined" if joined else "apart", label)] += 1
         result = _precision_recall(outcome)
         decisions = getattr(memory.consolidator, "stats", None)
         if decisions is not None:
@@ -269,8 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     records = {c.id: observation_records(c) for c in conversations}
     observations = {r["id"]: r for rows in records.values() for r in rows}
     pairs, check = load_pairs(PAIRS), load_pairs(CHECK)
+    labeled_sets = {
+        name: [(observations[p["old"]], observations[p["new"]], p["label"]) for p in rows]
+        for name, rows in (("pairs", pairs), ("check", check))
+    }
+    labeled_sets["changed"] = [
+        (written(p["old"]), written(p["new"]), p["label"]) for p in load_pairs(CHANGED)
+    ]
     embedder = make_embedder()
-    result: dict = {"pairs": {f.name: Counter(p["label"] for p in load_pairs(f)) for f in (PAIRS, CHECK)}}
+    files = (PAIRS, CHECK, CHANGED)
+    result: dict = {"pairs": {f.name: Counter(p["label"] for p in load_pairs(f)) for f in files}}
     result["stores"] = {}
     stores = args.stores.split(",")
     with (
@@ -291,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                     return memory_for(fresh(f"{name}_{label}_{made[label]}"), settings, embedder)
 
                 row = out[name] = {
-                    "pairs": labeled_pairs(make, observations, pairs),
-                    "check": labeled_pairs(make, observations, check),
+                    labeled: labeled_pairs(make, these) for labeled, these in labeled_sets.items()
                 }
                 if not pairs_only:
                     row.update(locomo_and_toy(make, records, observations, pairs + check, embedder))
@@ -358,17 +372,17 @@ def retrieval(records: dict[str, list[dict]], settings: dict[str, dict], embedde
 
 def format_table(result: dict) -> str:
     lines = [
-        "| store | update path | pairs P / R (joined) | second set P / R (joined) | joined: session order / "
+        "| store | update path | pairs P / R (joined) | second set P / R (joined) | changed attributes P / R "
+        "(joined) | joined: session order / "
         "shuffled | older replaced newer | same active set | current fact (LoCoMo / toy) | toy P | "
         "comparisons / add | ingest ratio (stored as given) |",
-        "|" + "---|" * 11,
+        "|" + "---|" * 12,
     ]
     for store, rows in result["stores"].items():
         for name, r in rows.items():
-            p, c = r["pairs"], r["check"]
             cells = [
-                f"{p['precision']} / {p['recall']} ({p['joined']})",
-                f"{c['precision']} / {c['recall']} ({c['joined']})",
+                f"{r[s]['precision']} / {r[s]['recall']} ({r[s]['joined']})"
+                for s in ("pairs", "check", "changed")
             ]
             if "session_order" in r:
                 s = r["session_order"]
@@ -388,7 +402,7 @@ def format_table(result: dict) -> str:
             lines.append(f"| {store} | {name} | " + " | ".join(cells) + " |")
     for store, rows in result["stores"].items():
         for name, r in rows.items():
-            for labeled in ("pairs", "check"):
+            for labeled in ("pairs", "check", "changed"):
                 if "consolidator" in r[labeled]:
                     lines.append(f"\n{store} {name} {labeled}, decisions: {r[labeled]['consolidator']}")
     lines += ["", "| observations | records | evidence R@10 | tokens@10 |", "|---|---|---|---|"]

@@ -30,6 +30,7 @@ from eval.retrieval import observation_records
 
 PAIRS = Path(__file__).parent / "data" / "locomo-update-pairs.jsonl"  # the update path's rules were set on it
 CHECK = Path(__file__).parent / "data" / "locomo-update-pairs-check.jsonl"  # drawn after: none of PAIRS
+CHANGED = Path(__file__).parent / "data" / "changed-attribute-pairs.jsonl"  # hand-written records, not ids
 LABELS = ("update", "restated", "distinct")
 # the filters whose proposals are sampled: (name, update config)
 FILTERS = (

@@ -17,18 +17,46 @@ class PackagedModelError(ValueError):
 
 
 def open_gguf(path: Path):
-    """The file's GGUFReader; ValueError naming the file when it is not GGUF or its tensors run past its end
-    (an interrupted download or copy)."""
+    """The file's GGUFReader; ValueError naming the file when it is not GGUF, or a metadata field or its
+    tensors run past its end (an interrupted download or copy), or a field's text is not UTF-8 (naming
+    the field)."""
     from gguf import GGUFReader
 
+    reader, failure = GGUFReader.__new__(GGUFReader), None  # kept when reading fails: its fields say where
     try:
-        reader = GGUFReader(path)
+        reader.__init__(path)
     except Exception as exc:  # numpy's memmap or the header parser, on a foreign or truncated file
-        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from None
+        failure = exc
+    for field in getattr(reader, "fields", {}).values():
+        if problem := _field_problem(field):
+            raise ValueError(f"{path}: metadata field {field.name!r} {problem}")
+    if failure is not None:
+        raise ValueError(f"{path}: not a readable GGUF file ({failure})")
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     if end > path.stat().st_size:
         raise ValueError(f"{path}: truncated ({path.stat().st_size} bytes, its tensors end at byte {end})")
     return reader
+
+
+def _field_problem(field) -> str | None:
+    """What is wrong with a metadata field as the reader found it. The reader cuts a value that runs past
+    the end of the file short without a word (a shorter string, a missing number), and its text is bytes
+    until someone decodes it."""
+    from gguf import GGUFValueType
+
+    if len(field.parts) == 1:  # the header's version and counts, not a key and value
+        return None
+    text = field.types[-1] == GGUFValueType.STRING
+    for i in field.data:
+        value = field.parts[i]
+        if len(value) < (int(field.parts[i - 1][0]) if text else 1):  # a string's length precedes it
+            return "runs past the end of the file (truncated)"
+        if text:
+            try:
+                bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    return None
 
 
 _PART = re.compile(r"part(\d+)\.bin$")

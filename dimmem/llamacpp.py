@@ -15,11 +15,13 @@ starts the same server as a child process (`python -m dimmem.llamacpp`) for the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from dimmem.gguf_file import open_gguf
@@ -27,6 +29,8 @@ from dimmem.launch import Service, port_in_use
 from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY, read_export_config
 
 SERVED_NAME = "dimmem-extractor"
+INT32_MAX = 2**31 - 1  # llama.cpp's counts (context, slots, threads) are C ints
+SETTINGS_TYPES = {"max_model_len": int, "chat_template_kwargs": dict}  # what serving reads of the settings
 
 
 class LlamaCppError(ValueError):
@@ -68,12 +72,28 @@ def resolve_model(model: str | Path, quant: str | None = None) -> tuple[Path, di
 def gguf_settings(path: Path) -> dict:
     """The `dimmem export` settings inside a GGUF file ({} for one written elsewhere), after checking
     that the file is whole: a truncated download fails here in one line, not inside llama.cpp."""
+    from gguf import GGUFValueType
+
     try:
         reader = open_gguf(path)
     except ValueError as exc:
         raise LlamaCppError(str(exc)) from None
     field = reader.get_field(GGUF_SETTINGS_KEY)
-    return json.loads(field.contents()) if field is not None else {}
+    if field is None:
+        return {}
+    try:
+        settings = json.loads(field.contents()) if field.types == [GGUFValueType.STRING] else None
+    except json.JSONDecodeError:
+        settings = None
+    if not isinstance(settings, dict) or any(
+        settings.get(key) is not None and not isinstance(settings[key], kind)
+        for key, kind in SETTINGS_TYPES.items()
+    ):
+        raise LlamaCppError(
+            f"{path}: metadata field {GGUF_SETTINGS_KEY!r} is not the JSON object of settings "
+            f"`dimmem export` writes ({', '.join(SETTINGS_TYPES)}); export the model again"
+        )
+    return settings
 
 
 def server_params(
@@ -101,7 +121,13 @@ def server_params(
     params.port = port
     params.n_parallel = parallel
     # the server divides its context among the slots: each request gets the whole trained length
-    params.n_ctx = (ctx or meta.get("max_model_len") or 4096) * parallel
+    per_request = ctx or meta.get("max_model_len") or 4096
+    if per_request * parallel > INT32_MAX:
+        raise LlamaCppError(
+            f"--parallel {parallel} requests of {per_request} tokens each: more context than llama.cpp "
+            f"holds ({INT32_MAX} tokens); lower --ctx or --parallel"
+        )
+    params.n_ctx = per_request * parallel
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads or os.cpu_count() or 1
     params.use_jinja = True  # the GGUF's own chat template, with its arguments (thinking off)
     params.default_template_kwargs = {
@@ -113,16 +139,38 @@ def server_params(
     return params
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high`; anything else is a usage error naming the flag
+    (exit status 2), not a failure deep inside the server."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: an integer from {low} to {high}")
+        return value
+
+    return parse
+
+
+port_number = int_between(1, 65535)  # (0, "any free port", would leave clients no address to call)
+
+
 def add_arguments(parser) -> None:
+    count = int_between(1, INT32_MAX)
     parser.add_argument("--model", required=True, help="a .gguf file, or an export folder with GGUF files")
     parser.add_argument("--lora", help="a LoRA adapter as GGUF (adapter.gguf) to apply over the model")
     parser.add_argument("--quant", help="which of the export's GGUF files (f16, q8_0, q4_k_m; default q8_0)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=port_number, default=8080)
     parser.add_argument("--name", default=SERVED_NAME, help="the model name clients ask for")
-    parser.add_argument("--ctx", type=int, help="context per request (default: the export's trained length)")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
-    parser.add_argument("--parallel", type=int, default=1, help="requests decoded together (slots)")
+    parser.add_argument(
+        "--ctx", type=count, help="context per request (default: the export's trained length)"
+    )
+    parser.add_argument("--threads", type=count, help="CPU threads (default: all cores)")
+    parser.add_argument("--parallel", type=count, default=1, help="requests decoded together (slots)")
     parser.add_argument("--api-key-env", help="require the key in this environment variable")
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the process that started this one is gone"

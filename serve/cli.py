@@ -20,11 +20,14 @@ STUDENT_HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from dimmem.llamacpp import add_arguments as llamacpp_arguments
+    from dimmem.llamacpp import port_number
+
     sub = parser.add_subparsers(dest="serve_command", required=True, metavar="{api,mcp,vllm,llamacpp}")
     api = sub.add_parser("api", help="the HTTP memory service (FastAPI + uvicorn) over the runtime")
     api.add_argument("--config", default=str(CONFIG_DIR / "serve" / "default.yaml"))
     api.add_argument("--host")
-    api.add_argument("--port", type=int)
+    api.add_argument("--port", type=port_number)
     api.add_argument(
         "--workers", type=int, help="worker processes over one store (default 1; share a Postgres store)"
     )
@@ -40,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mcp.add_argument("--user", help="the user of tool calls that name none (default: me)")
     mcp.add_argument("--store", help="the store (a SQLite path or postgresql://...); overrides the configs'")
     mcp.add_argument("--host")
-    mcp.add_argument("--port", type=int)
+    mcp.add_argument("--port", type=port_number)
     mcp.add_argument("--student", action="store_true", default=None, help=STUDENT_HELP)
     add_set_argument(mcp, "max_k=50")
     mcp.set_defaults(serve_handler=run_mcp)
@@ -56,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--python", help="the interpreter with vLLM (default: .venv-vllm from `make serve-cpu`, if present)"
     )
     vllm.add_argument("--host", default="127.0.0.1")
-    vllm.add_argument("--port", type=int, default=8000)
+    vllm.add_argument("--port", type=port_number, default=8000)
     vllm.add_argument("--max-model-len", type=int, help="default: the length the model was trained with")
     vllm.add_argument(
         "--any-whitespace",
@@ -70,8 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     llamacpp = sub.add_parser(
         "llamacpp", help="serve a GGUF extractor (or teacher) with llama.cpp on CPU, OpenAI-compatible"
     )
-    from dimmem.llamacpp import add_arguments as llamacpp_arguments
-
     llamacpp_arguments(llamacpp)
     llamacpp.set_defaults(serve_handler=run_llamacpp)
     api.set_defaults(serve_handler=run_api)

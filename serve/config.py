@@ -146,6 +146,12 @@ class McpConfig(ServeConfig):
         "<data dir>/dimmem/memory.sqlite",
     )
     tenants: list[Tenant] = Field([], description="http: the tenants and the variables of their keys")
+    max_result_bytes: int = Field(
+        1_000_000,
+        ge=1_024,
+        description="a tool answer larger than this on the wire is a tool error naming it: the SDK's HTTP "
+        "client refuses a server-sent event over 1 MiB, so keep it below that, with room for the envelope",
+    )
 
     @model_validator(mode="after")
     def _transport(self) -> McpConfig:

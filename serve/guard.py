@@ -2,9 +2,11 @@
 a byte of the body is read:
 
 1. a path + query longer than `max_url_bytes` gets 414, headers over `max_header_bytes` 431;
-2. every path but the public ones (/healthz and the API's own description) needs a known key
+2. more than one Authorization header gets 400: the guard and what it guards would each pick one, and
+   a request holding two tenants' keys would run as whichever the route read;
+3. every path but the public ones (/healthz and the API's own description) needs a known key
    (`Authorization: Bearer <key>`), else 401 — also when a huge body is on its way;
-3. a declared Content-Length over `max_body_bytes` gets 413 at once; a chunked or undeclared body is
+4. a declared Content-Length over `max_body_bytes` gets 413 at once; a chunked or undeclared body is
    counted while it streams in and gets 413 the moment it passes the limit, so no more than the limit
    is ever held; a body still arriving after `max_body_seconds` gets 408.
 
@@ -114,6 +116,7 @@ class Guard:
 
         try:
             headers = dict(scope["headers"])  # the last of a repeated header
+            authorizations = sum(name == b"authorization" for name, _ in scope["headers"])
             url_bytes = len(scope.get("raw_path") or scope["path"].encode()) + len(scope["query_string"])
             declared = headers.get(b"content-length")
             header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
@@ -121,6 +124,8 @@ class Guard:
                 await reply(414, f"URL over {config.max_url_bytes} bytes")
             elif header_bytes > config.max_header_bytes:
                 await reply(431, f"request headers over {config.max_header_bytes} bytes")
+            elif authorizations > 1:
+                await reply(400, f"{authorizations} Authorization headers; at most one")
             elif scope["path"] not in PUBLIC and (
                 caller(headers.get(b"authorization", b"").decode("latin-1"), self.state.callers) is None
             ):

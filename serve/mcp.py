@@ -9,13 +9,15 @@ Each tool is a small function over one shared `Memory`, built from the memory co
 typed (serve/schemas.py's models where they fit), so clients get JSON Schemas for both. Calls name a
 user (`user_id`, default: the config's `user`); over HTTP the bearer key names the tenant and user ids
 are namespaced by it inside the store as the service does (`serve.deps.scoped`), so no tenant reaches
-another's records, and `serve.guard` answers a request without a known key with 401 before the MCP
-transport reads it (and applies the service's size and time limits).
+another's records, `serve.guard` answers a request without a known key (or with two keys) before the
+MCP transport reads it (and applies the service's size and time limits), and each session belongs to
+the tenant that opened it: another tenant's key on it is answered as if it did not exist.
 
 Every refusal is a tool error of one line: arguments the schema refuses (each field and the reason,
-never the value given), an unknown record or user, a record whose status forbids the change, a bad
-value, a store that does not answer. Anything else is the SDK's generic "Error executing tool <name>",
-its traceback logged on the server's stderr only.
+never the value given), arguments no parameter takes, an unknown record or user, a record whose status
+forbids the change, a bad value, a store that does not answer, an answer over `max_result_bytes`.
+Anything else is the SDK's generic "Error executing tool <name>", its traceback logged on the server's
+stderr only. Over stdio a line that is not a JSON-RPC message gets JSON-RPC's error for it.
 """
 
 from __future__ import annotations
@@ -29,11 +31,19 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Annotated, Any, Literal
 
+import anyio
+import pydantic_core
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
+from mcp.server.auth.provider import AccessToken
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
-from mcp_types import ToolAnnotations
+from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, ToolAnnotations
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
 from starlette.applications import Starlette
+from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -156,34 +166,110 @@ def _store_answers(memory: Memory) -> bool:
         return False
 
 
-def _problems(error: ValidationError, most: int = 5) -> str:
+def _listed(items: list[str], separator: str = "; ", most: int = 5) -> str:
+    """The first `most` items in one line, and how many more there are."""
+    more = f" (and {len(items) - most} more)" if len(items) > most else ""
+    return separator.join(items[:most]) + more
+
+
+def _problems(error: ValidationError) -> str:
     """Pydantic's report in one line: where and why, never the value given (it may be huge)."""
-    problems = [
-        f"{'.'.join(str(part) for part in e['loc']) or 'arguments'}: {' '.join(e['msg'].split())}"
-        for e in error.errors(include_url=False, include_input=False)
-    ]
-    more = f" (and {len(problems) - most} more)" if len(problems) > most else ""
-    return "; ".join(problems[:most]) + more
+    return _listed(
+        [
+            f"{'.'.join(str(part) for part in e['loc']) or 'arguments'}: {' '.join(e['msg'].split())}"
+            for e in error.errors(include_url=False, include_input=False)
+        ]
+    )
+
+
+def _oversized(answer: BaseModel | str, limit: int) -> str | None:
+    """Why `answer` cannot be sent: its JSON, as it goes on the wire, is over `limit` bytes (the SDK's
+    HTTP client refuses a server-sent event over 1 MiB); None when it fits."""
+    size = len(pydantic_core.to_json(answer, by_alias=True))
+    return (
+        f"the answer is {size} bytes, over the server's max_result_bytes ({limit})" if size > limit else None
+    )
+
+
+def _unreadable(error: Exception) -> JSONRPCError:
+    """JSON-RPC's answer to a line that is not JSON (parse error) or is JSON but no JSON-RPC message
+    (invalid request); its id is null, since none could be read."""
+    if isinstance(error, ValidationError) and error.errors()[0]["type"] == "json_invalid":
+        code, message = PARSE_ERROR, "Parse error: the line is not JSON"
+    else:
+        code, message = INVALID_REQUEST, "Invalid Request: the line is not a JSON-RPC message"
+    return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=code, message=message))
 
 
 class _Server(MCPServer):
-    """The SDK's server, with refused arguments said in one line instead of pydantic's full report."""
+    """The SDK's server, stricter where it would leave a client guessing: refused arguments said in one
+    line instead of pydantic's full report; arguments no parameter takes refused, not dropped (a typo
+    would run with the default); an answer too large to deliver refused, naming the limit; over stdio,
+    a line that is not a JSON-RPC message answered with JSON-RPC's error, not dropped without a word."""
+
+    def __init__(self, name: str, *, max_result_bytes: int, **settings: Any) -> None:
+        super().__init__(name, **settings)
+        self.max_result_bytes = max_result_bytes
+        self.parameters: dict[str, frozenset[str]] = {}  # tool -> the arguments it takes
+
+    def add_tool(self, fn, **options: Any) -> None:
+        super().add_tool(fn, **options)
+        taken = set(inspect.signature(fn).parameters) - {find_context_parameter(fn)}
+        self.parameters[options.get("name") or fn.__name__] = frozenset(taken)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        taken = self.parameters.get(name)
+        if taken is not None and (unknown := sorted(set(arguments) - taken)):
+            named = _listed([clip(argument, 40) for argument in unknown], ", ")
+            takes = ", ".join(sorted(taken))
+            raise ToolError(f"Error executing tool {name}: unknown arguments: {named} (it takes {takes})")
         try:
-            return await super().call_tool(name, arguments, context)
+            result = await super().call_tool(name, arguments, context)
         except UnexpectedToolError:
             raise
         except ToolError as exc:
             if isinstance(exc.__cause__, ValidationError):
                 raise ToolError(f"Error executing tool {name}: {_problems(exc.__cause__)}") from exc.__cause__
             raise
+        if why := _oversized(result, self.max_result_bytes):
+            raise ToolError(f"Error executing tool {name}: {why}: ask for fewer (k, limit)")
+        return result
+
+    async def run_stdio_async(self) -> None:
+        """The SDK's stdio transport and loop, with an answer for each line its transport cannot read
+        (the transport passes on the exception, and the SDK's loop drops it)."""
+        async with stdio_server() as (lines, answers), anyio.create_task_group() as tasks:
+            messages, read = anyio.create_memory_object_stream[SessionMessage](0)
+
+            async def answer_unreadable() -> None:
+                async with messages:
+                    async for line in lines:
+                        if isinstance(line, Exception):
+                            await answers.send(SessionMessage(_unreadable(line)))
+                        else:
+                            await messages.send(line)
+
+            tasks.start_soon(answer_unreadable)
+            server = self._lowlevel_server
+            await server.run(read, answers, server.create_initialization_options())
+
+
+@dataclass
+class _TenantKeys:
+    """The tenants' keys as the SDK's bearer tokens, each naming its tenant as the client: the SDK binds
+    a session to the client that opened it and answers any other on it as if it did not exist (404)."""
+
+    keys: dict[str, str]  # API key -> tenant
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        tenant = caller(f"Bearer {token}", self.keys)
+        return None if tenant is None else AccessToken(token=token, client_id=tenant, scopes=[])
 
 
 def build_server(config: McpConfig, memory: Memory, keys: dict[str, str] | None = None) -> MCPServer:
     """The tools and the profile resource over `memory`. `keys` (API key -> tenant): calls come over HTTP
     and each is confined to its key's tenant; None: one local client (stdio), user ids as given."""
-    server = _Server("dimmem", instructions=INSTRUCTIONS)
+    server = _Server("dimmem", instructions=INSTRUCTIONS, max_result_bytes=config.max_result_bytes)
 
     def calling(ctx: Context, user_id: str | None) -> _Caller:
         user = user_id or config.user
@@ -375,7 +461,10 @@ def build_server(config: McpConfig, memory: Memory, keys: dict[str, str] | None 
         except ToolError as exc:
             raise ResourceError(str(exc)) from None
         memories = [call.record(r, r["id"]) for r in page.memories]
-        return MemoryPage(memories=memories, next_cursor=page.next_cursor).model_dump_json()
+        text = MemoryPage(memories=memories, next_cursor=page.next_cursor).model_dump_json()
+        if why := _oversized(text, config.max_result_bytes):
+            raise ResourceError(f"{why}: page through list_memories with type profile")
+        return text
 
     return server
 
@@ -395,7 +484,8 @@ def _within(
 
 def http_app(config: McpConfig, memory: Memory) -> Starlette:
     """The streamable HTTP app at `config.path`, behind the service's guard (401 without a tenant's key,
-    the body and head limits), with /healthz (no key) for whatever watches it."""
+    400 with two, the body and head limits), with /healthz (no key) for whatever watches it; each session
+    bound to the tenant whose key opened it."""
     keys = config.keys()  # refuses missing, empty or shared keys, naming the variables
     server = build_server(config, memory, keys)
 
@@ -408,6 +498,7 @@ def http_app(config: McpConfig, memory: Memory) -> Starlette:
     )
     # no operator key: /metrics is the service's; here it would only let a key through that reads nothing
     state = ServiceState(config=config, memory=memory, keys=keys, metrics=Metrics())
+    app.add_middleware(AuthenticationMiddleware, backend=BearerAuthBackend(_TenantKeys(keys)))
     app.add_middleware(Guard, state=state, routes=[r for r in app.routes if hasattr(r, "path")])
     return app
 

@@ -1,4 +1,4 @@
-"""The standing adversarial suite, command-line part (issue 17): malformed input to every subcommand —
+"""The standing adversarial suite, command-line part: malformed input to every subcommand —
 missing files, broken, empty and non-mapping YAML, unknown keys, wrong types, bad flag values — must
 end with exit status 2 and one line on stderr that names the file (and line) or the endpoint, never a
 traceback. The matrix runs in process through `dimmem.cli.main` (an exception escaping it fails the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ import yaml
 
 from dimmem.cli import main
 from dimmem.launch import free_port
-from dimmem.paths import CONFIG_DIR, shared_data_dir
+from dimmem.paths import CONFIG_DIR, GGUF_SETTINGS_KEY, shared_data_dir
 
 LOCOMO = shared_data_dir() / "locomo" / "locomo10.json"
 BROKEN = "a: [1, 2\nb: c\n"  # a flow sequence never closed: PyYAML stops on line 2
@@ -321,7 +322,7 @@ CASES = {
     "serve-vllm-max-model-len-not-int": ("serve vllm --model m --max-model-len long", ["--max-model-len"]),
 }
 
-# what the other owners of issue 17 fix (the memory runtime, the HTTP service): xfail until they do
+# defects of the memory runtime and the HTTP service this suite found: xfail until they are fixed
 PENDING: dict[str, str] = {}
 
 
@@ -353,7 +354,7 @@ def dimmem(*argv: str, cwd: Path, env: dict | None = None, timeout: float = 240)
     return proc.returncode, proc.stderr
 
 
-# the inputs issue 17 found ending in a traceback (exit 1)
+# inputs that once ended in a traceback (exit 1)
 TRACEBACKS = [
     "windows-broken-yaml",
     "windows-empty-yaml",
@@ -376,6 +377,168 @@ def test_no_traceback_as_a_process(case, d):
     argv_text, needles = CASES[case]
     code, err = dimmem(*(part.replace("{d}", str(d)) for part in argv_text.split()), cwd=d)
     assert_one_line(code, err, *needles)
+
+
+# ---- every port, path, quantization name and GGUF file option, given one that cannot work ------------
+
+
+def write_gguf(path: Path, settings: str | int | None, name: str = "tiny") -> Path:
+    """A small GGUF file: its name, `settings` under dimmem.export (text, or a number), one tensor."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(name)
+    if isinstance(settings, str):
+        writer.add_string(GGUF_SETTINGS_KEY, settings)
+    elif settings is not None:
+        writer.add_uint32(GGUF_SETTINGS_KEY, settings)
+    writer.add_tensor("weight", np.arange(4096, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """GGUF files whole and broken, an export folder of one GGUF file, a training run (alone, and inside
+    a folder), a folder that holds a file, an empty folder and a text file."""
+    folder = tmp_path_factory.mktemp("arguments")
+    whole = write_gguf(folder / "model.gguf", json.dumps({"max_model_len": 64})).read_bytes()
+    (folder / "cut.gguf").write_bytes(whole[: len(whole) // 2])  # its tensor cut: an interrupted download
+    write(folder, "notes.gguf", "not a model")
+    write_gguf(folder / "settings-not-json.gguf", "{max_model_len: 64")
+    write_gguf(folder / "settings-a-number.gguf", 64)
+    # general.name said to be a gigabyte long: the field runs past the end of the file
+    past = bytearray(write_gguf(folder / "field-past-end.gguf", "{}", name="tinyname").read_bytes())
+    at = past.index(b"tinyname")
+    past[at - 8 : at] = struct.pack("<Q", 1 << 30)
+    (folder / "field-past-end.gguf").write_bytes(past)
+    (folder / "export").mkdir()
+    (folder / "export" / "model-q8_0.gguf").write_bytes(whole)
+    meta = {"merged": True, "max_model_len": 64, "gguf": {"q8_0": "model-q8_0.gguf"}}
+    write(folder, "export/dimmem_export.json", json.dumps(meta))
+    training_run(folder / "run")
+    (folder / "holder").mkdir()
+    training_run(folder / "holder" / "run")
+    write(folder, "used/old.txt", "a file of an earlier export")
+    (folder / "a-folder").mkdir()
+    return folder
+
+
+LLAMACPP = "serve llamacpp --port {port} --model"  # a free port: the model is what is wrong
+
+# (argv with {d} for `inputs` and {port} for a free port, what the one line must name)
+ARGUMENTS = {
+    # ports
+    "serve-llamacpp-port-above-65535": (
+        "serve llamacpp --model {d}/model.gguf --port 70000",
+        ["argument --port", "'70000'"],
+    ),
+    "serve-llamacpp-port-negative": ("serve llamacpp --model {d}/model.gguf --port -1", ["--port", "'-1'"]),
+    "serve-llamacpp-port-0": ("serve llamacpp --model {d}/model.gguf --port 0", ["--port", "'0'"]),
+    "serve-llamacpp-port-not-a-number": ("serve llamacpp --model {d}/model.gguf --port http", ["--port"]),
+    "serve-vllm-port-above-65535": (
+        "serve vllm --model {d}/export --port 70000 --print",
+        ["--port", "70000"],
+    ),
+    "serve-vllm-port-0": ("serve vllm --model {d}/export --port 0 --print", ["--port", "'0'"]),
+    "serve-api-port-0": ("serve api --port 0", ["--port", "'0'"]),
+    "serve-api-port-above-65535": ("serve api --port 70000", ["port", "70000"]),
+    "serve-mcp-port-0": ("serve mcp --transport http --port 0", ["--port", "'0'"]),
+    "serve-mcp-port-negative": ("serve mcp --transport http --port -1", ["port", "-1"]),
+    "inspect-port-above-65535": ("inspect {d}/a-folder --port 70000", ["port", "70000"]),
+    # llama.cpp's model, adapter, quantization and counts
+    "serve-llamacpp-missing-model": (f"{LLAMACPP} {{d}}/nope.gguf", ["nope.gguf", "no such GGUF file"]),
+    "serve-llamacpp-model-a-folder": (f"{LLAMACPP} {{d}}/a-folder", ["a-folder", "not an export folder"]),
+    "serve-llamacpp-model-not-gguf": (f"{LLAMACPP} {{d}}/notes.gguf", ["notes.gguf", "not a readable GGUF"]),
+    "serve-llamacpp-model-truncated": (f"{LLAMACPP} {{d}}/cut.gguf", ["cut.gguf", "not a readable GGUF"]),
+    "serve-llamacpp-settings-not-json": (
+        f"{LLAMACPP} {{d}}/settings-not-json.gguf",
+        ["settings-not-json.gguf", "metadata field 'dimmem.export'"],
+    ),
+    "serve-llamacpp-settings-a-number": (
+        f"{LLAMACPP} {{d}}/settings-a-number.gguf",
+        ["settings-a-number.gguf", "metadata field 'dimmem.export'"],
+    ),
+    "serve-llamacpp-field-past-the-end": (
+        f"{LLAMACPP} {{d}}/field-past-end.gguf",
+        ["field-past-end.gguf", "metadata field 'general.name' runs past the end of the file"],
+    ),
+    "serve-llamacpp-unknown-quant": (f"{LLAMACPP} {{d}}/export --quant q9_9", ["export", "no q9_9 file"]),
+    "serve-llamacpp-quant-of-a-file": (
+        f"{LLAMACPP} {{d}}/model.gguf --quant q8_0",
+        ["model.gguf", "--quant"],
+    ),
+    "serve-llamacpp-missing-lora": (f"{LLAMACPP} {{d}}/model.gguf --lora {{d}}/nope.gguf", ["nope.gguf"]),
+    "serve-llamacpp-lora-a-folder": (f"{LLAMACPP} {{d}}/model.gguf --lora {{d}}/a-folder", ["a-folder"]),
+    "serve-llamacpp-lora-not-gguf": (f"{LLAMACPP} {{d}}/model.gguf --lora {{d}}/notes.gguf", ["notes.gguf"]),
+    "serve-llamacpp-lora-not-an-adapter": (
+        f"{LLAMACPP} {{d}}/model.gguf --lora {{d}}/model.gguf",
+        ["model.gguf", "not a LoRA adapter GGUF"],
+    ),
+    "serve-llamacpp-ctx-0": (f"{LLAMACPP} {{d}}/model.gguf --ctx 0", ["argument --ctx", "'0'"]),
+    "serve-llamacpp-parallel-0": (f"{LLAMACPP} {{d}}/model.gguf --parallel 0", ["argument --parallel"]),
+    "serve-llamacpp-threads-negative": (f"{LLAMACPP} {{d}}/model.gguf --threads -2", ["argument --threads"]),
+    # files and folders
+    "serve-api-openapi-a-folder": ("serve api --openapi {d}/a-folder", ["a-folder"]),
+    "export-out-a-file": (
+        "export --run {d}/run --out {d}/notes.gguf",
+        ["--out", "notes.gguf", "not a folder"],
+    ),
+    "export-out-holds-files": ("export --run {d}/run --out {d}/used", ["--out", "used", "--overwrite"]),
+    "export-overwrite-would-delete-the-run": (
+        "export --run {d}/holder/run --out {d}/holder --overwrite",
+        ["--out", "holder/run", "which the export reads"],
+    ),
+    "export-unknown-gguf-type": ("export --run {d}/run --out {d}/x --merge --gguf q9", ["--gguf", "q9"]),
+    "export-push-only-a-file": (
+        "export --push-only {d}/notes.gguf --push-to-hub me/x",
+        ["notes.gguf", "not an export folder"],
+    ),
+    "memory-migrate-missing-source": (
+        "memory migrate --from {d}/nope.sqlite --to {d}/t.sqlite",
+        ["--from", "nope.sqlite", "no such SQLite file"],
+    ),
+    "memory-migrate-source-a-folder": (
+        "memory migrate --from {d}/a-folder --to {d}/t.sqlite",
+        ["--from", "a-folder", "no such SQLite file"],
+    ),
+    "memory-postgres-data-a-file": ("memory postgres --data {d}/notes.gguf", ["--data", "notes.gguf"]),
+    "memory-add-input-a-folder": ("memory add --format locomo --input {d}/a-folder", ["a-folder"]),
+    "memory-load-labels-a-folder": ("memory load --store {d}/m.sqlite --labels {d}/a-folder", ["a-folder"]),
+    "memory-search-store-a-folder": ("memory search --store {d}/a-folder --user ann hello", ["a-folder"]),
+    "memory-search-store-not-sqlite": (
+        "memory search --store {d}/notes.gguf --user ann hello",
+        ["notes.gguf"],
+    ),
+    "memory-migrate-store-a-folder": ("memory migrate --store {d}/a-folder", ["a-folder"]),
+    "serve-mcp-store-a-folder": ("serve mcp --store {d}/a-folder", ["a-folder"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARGUMENTS))
+def test_a_bad_port_path_quantization_or_gguf_file_is_one_line_and_exit_2(case, inputs, capsys, monkeypatch):
+    monkeypatch.chdir(inputs)
+    argv_text, needles = ARGUMENTS[case]
+    port = str(free_port())
+    argv = [part.replace("{d}", str(inputs)).replace("{port}", port) for part in argv_text.split()]
+    code, err = run_main(argv, capsys)
+    assert_one_line(code, err, *(n.replace("{d}", str(inputs)) for n in needles))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "case",
+    ["serve-llamacpp-port-above-65535", "serve-llamacpp-settings-a-number", "memory-postgres-data-a-file"],
+)
+def test_a_bad_argument_is_no_traceback_as_a_process(case, inputs):
+    """The inputs that ended in a traceback, as users run them."""
+    argv_text, needles = ARGUMENTS[case]
+    argv = argv_text.replace("{d}", str(inputs)).replace("{port}", str(free_port())).split()
+    assert_one_line(*dimmem(*argv, cwd=inputs), *needles)
 
 
 # ---- a training recipe that needs a GPU, on a machine without one -----------------------------------

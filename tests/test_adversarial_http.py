@@ -1,10 +1,11 @@
-"""The standing adversarial suite, HTTP part (issue 17): the memory service as a real process
+"""The standing adversarial suite, HTTP part: the memory service as a real process
 (`dimmem serve api` under uvicorn), driven by raw sockets where a polite client would not go.
 
 - body and header limits: chunked, trickled, oversized and unauthenticated bodies, URLs and headers too
   long to parse: each answered (401/408/413/414/431) quickly, without the server holding the body;
 - id and user-id tricks across two tenants: percent-encoded slashes, "..", unicode, the other
-  tenant's ids and cursors, huge ids: never a byte of the other tenant's records, never a 5xx;
+  tenant's ids and cursors, huge ids, a second Authorization header: never a byte of the other
+  tenant's records, never a 5xx;
 - config mistakes for `serve api`: exit 2 and one line naming what is wrong, no traceback;
 - SIGKILL during adds, then a restart: every acknowledged add is there, the store passes
   `PRAGMA integrity_check`.
@@ -158,7 +159,7 @@ def send_until_answered(sock: socket.socket, most: int, piece: bytes, pause: flo
 
 
 def test_a_chunked_body_over_the_limit_is_413_while_it_streams(server):
-    """Issue 17 (2): without Content-Length the whole body was read, then 413 (192 MiB taken into
+    """without Content-Length the whole body was read, then 413 (192 MiB taken into
     memory). Now the answer comes once the limit is passed and the server never holds the body."""
     before = rss(server)
     began = time.monotonic()
@@ -173,7 +174,7 @@ def test_a_chunked_body_over_the_limit_is_413_while_it_streams(server):
 
 
 def test_no_key_is_401_before_any_body_is_read(server):
-    """Issue 17 (2): with no key (or a wrong one) a huge body got 413, not 401: the body was read first."""
+    """with no key (or a wrong one) a huge body got 413, not 401: the body was read first."""
     for key in (None, "not-a-key-of-anyone"):
         with raw(server.port) as sock:  # declared: 200 MB that never come
             auth = f"Authorization: Bearer {key}\r\n" if key else ""
@@ -208,7 +209,7 @@ def test_a_trickled_body_is_bounded_in_size_and_time(server):
 
 
 def test_long_urls_are_414_and_long_headers_431(server):
-    """Issue 17 (9): a 1 MB URL got a connection reset; now 414 (and 431 for huge headers), and the
+    """a 1 MB URL got a connection reset; now 414 (and 431 for huge headers), and the
     connection closes gently, so the client reads the answer."""
     for length in (10_000, 100_000, 1_000_000):
         with raw(server.port) as sock:
@@ -227,6 +228,26 @@ def test_long_urls_are_414_and_long_headers_431(server):
 
 
 # --- ids and user ids across tenants --------------------------------------------------------------
+def test_two_authorization_headers_are_400(server):
+    """The guard checked one Authorization header and the route read the other, so a request carrying
+    another tenant's key beside its own ran as whichever the route read. More than one is refused."""
+    status, added = call(server.port, "POST", "/v1/memories", A, {"user_id": "zoe", "messages": CHAT})
+    assert status == 200, added
+    body = json.dumps({"user_id": "zoe", "query": SECRET}).encode()
+    for first, second in ((B, A), (A, B), ("not-a-key-of-anyone", A)):
+        for head in (
+            f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n",
+            "GET /v1/memories?user_id=zoe HTTP/1.1\r\nHost: x\r\n",
+        ):
+            with raw(server.port) as sock:
+                auth = f"Authorization: Bearer {first}\r\nAuthorization: Bearer {second}\r\n\r\n"
+                sock.sendall((head + auth).encode() + (body if head.startswith("POST") else b""))
+                assert status_of(sock) == 400, (head, first, second)
+    status, found = call(server.port, "POST", "/v1/search", A, {"user_id": "zoe", "query": SECRET})
+    assert status == 200 and SECRET in json.dumps(found["hits"])  # one header: served as before
+
+
 def test_no_id_or_user_id_trick_reaches_the_other_tenant(server):
     status, added = call(server.port, "POST", "/v1/memories", A, {"user_id": "ann", "messages": CHAT})
     assert status == 200, added
@@ -342,7 +363,7 @@ def config_mistakes(folder: Path) -> dict[str, tuple[Path, dict, list[str]]]:
 
 
 def test_config_mistakes_exit_2_with_one_line(tmp_path):
-    """Issue 17 (4): two tenants sharing a key started, and the key then read the last tenant's records."""
+    """two tenants sharing a key started, and the key then read the last tenant's records."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ADV_")}
 
     def run(case):

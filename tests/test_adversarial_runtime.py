@@ -1,4 +1,4 @@
-"""The runtime part of the standing adversarial suite (issue 17): the record lifecycle in every order and
+"""The runtime part of the standing adversarial suite: the record lifecycle in every order and
 under concurrent writers on one file, appends to a conversation, a crash in the middle of an add, a
 maximal add next to searches, and hostile inputs to the query parser and to update. The store behaviours
 run on both backends (`memory_factory`, tests/conftest.py); `check` reads each backend's own tables."""

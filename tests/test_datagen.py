@@ -202,7 +202,7 @@ def test_rate_limiter_pause_holds_everyone():
     assert all(limiter.reserve(1) >= 0.29 for _ in range(5))
 
 
-# ---- a teacher with a smaller context (issue 17, item 10) ------------------------------------------------
+# ---- a teacher with a smaller context ------------------------------------------------
 
 
 def _budgets(fake: FakeTeacher, marker: str) -> list[int]:

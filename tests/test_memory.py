@@ -113,6 +113,55 @@ def test_time_constrained_query_prefers_the_right_date(memory):
     assert result.hits[0].paths["dimension"]["rank"] == 1
 
 
+# What a tiny extractor wrote for a toy conversation: short, repetitive, some all but empty ("Alice"),
+# one whose time disagrees with the date its own text names (the model's own slip).
+TINY_MODEL_RECORDS = [
+    rec(id=f"t{i:02d}", content=content, time=time, keywords=keywords, source_turns=[f"D1:{i + 1}"])
+    for i, (content, time, keywords) in enumerate(
+        [
+            ("Dev is going to visit her parents on 2023-03-12.", "2023-03-22", ["Dev", "parents"]),
+            ("Alice", None, ["Alice"]),
+            ("Alice", None, ["Alice", "Dev"]),
+            ("Dev went to the market.", "2023-03-01", ["Dev", "market"]),
+            ("Dev lives in Porto.", None, ["Dev", "Porto"]),
+            ("Dev works as a nurse.", None, ["Dev", "nurse"]),
+            ("Dev's sister Alice visited Dev on 2023-02-11.", "2023-02-11", ["Dev", "Alice", "sister"]),
+            ("Dev likes jazz.", None, ["Dev", "jazz"]),
+            ("Dev likes jazz music.", None, ["Dev", "jazz", "music"]),
+            ("Dev went hiking.", "2023-03-04", ["Dev", "hiking"]),
+            ("Dev went hiking with Alice.", "2023-03-05", ["Dev", "hiking", "Alice"]),
+            ("Dev is going to the cinema.", "2023-03-18", ["Dev", "cinema"]),
+            ("Dev adopted a cat.", "2023-01-20", ["Dev", "cat"]),
+            ("Dev's cat is named Miso.", None, ["Dev", "cat", "Miso"]),
+            ("Dev is planning a trip.", None, ["Dev", "trip"]),
+            ("Dev", None, ["Dev"]),
+            ("Dev visited Dev.", "2023-03-12", ["Dev"]),
+            ("Dev is going to Dev on 2023-03-12.", "2023-03-12", ["Dev"]),
+            ("Dev met Alice on 2023-03-12.", "2023-03-12", ["Dev", "Alice"]),
+            ("Dev cooked dinner.", "2023-03-12", ["Dev", "dinner"]),
+            ("Dev bought a bike.", "2023-03-10", ["Dev", "bike"]),
+            ("Dev read a book.", "2023-03-11", ["Dev", "book"]),
+            ("Dev is learning Spanish.", None, ["Dev", "Spanish"]),
+            ("Dev's parents live in Lisbon.", None, ["Dev", "parents", "Lisbon"]),
+        ]
+    )
+]
+
+
+def test_a_record_comes_back_for_its_own_words_whatever_date_the_query_names(memory):
+    """A time the query names ranks, it does not exclude: the record whose content is the query comes among
+    the first though its time disagrees with the date it names (the records of that date, which also
+    match its words, may come before it); and a record no path lifts never comes back."""
+    memory.add_records(TINY_MODEL_RECORDS, user_id="ann", consolidate=False)
+    for record in TINY_MODEL_RECORDS[:1] + TINY_MODEL_RECORDS[3:]:
+        result = memory.search(record["content"], user_id="ann", k=10)
+        ids = [hit.record["id"] for hit in result.hits]
+        assert record["id"] in ids[:3], (record["content"], result.query.get("time"), ids)
+    dev = memory.search("Dev is going to visit her parents on 2023-03-12.", user_id="ann", k=10)
+    assert dev.query["time"] == "2023-03-12" and "t00" in [hit.record["id"] for hit in dev.hits[:3]]
+    assert all(hit.score > 0 for hit in dev.hits) and "t01" not in [hit.record["id"] for hit in dev.hits]
+
+
 def test_each_path_finds_its_own_evidence(memory):
     memory.add_records([HIKE_APRIL, HIKE_MAY, JAZZ], user_id="ann")
     lexical = memory.search("Eagle Peak", user_id="ann", k=3).hits
@@ -181,6 +230,55 @@ def test_time_decides_and_a_wrong_decision_is_undone(memory):
     assert "home-1" in [h.record["id"] for h in memory.search("Where does Ann live?", user_id="ann").hits]
     with pytest.raises(RecordStateError, match="only deleted, superseded or merged records"):
         memory.restore("home-1", user_id="ann")
+
+
+def test_a_changed_home_or_job_in_other_words_replaces_the_earlier_telling(memory):
+    """Where a person lives, told later with another place in other words (no shared keyword, another
+    type), and a new job after their old one, supersede the earlier tellings on the defaults; another
+    person's home and a past home stay beside; the superseded home is found no more."""
+    told = {"session_time": "2023-08-01T10:00", "source_turns": ["D5:1"]}
+    berlin = rec(id="home-b", type="fact", content="Jonas lives in Berlin.", location="Berlin")
+    berlin |= {"speaker": "Jonas", "keywords": ["Jonas", "Berlin"], "session_time": "2023-01-05T10:00"}
+    nurse = {**berlin, "id": "job-1", "content": "Jonas works as a nurse at Charite.", "location": None}
+    nurse |= {"keywords": ["Jonas", "nurse", "Charite"]}
+    memory.add_records([berlin, nurse], user_id="j")
+    parents = rec(id="parents", content="Jonas's parents live in Lisbon.", location="Lisbon", **told)
+    past = rec(id="past", content="Jonas lived in Paris as a kid.", location="Paris", **told)
+    past["session_time"] = "2023-03-01T10:00"
+    for r in (parents, past):
+        r |= {"speaker": "Jonas", "keywords": ["Jonas", r["location"]]}
+    assert [e["action"] for e in memory.add_records([parents, past], user_id="j")] == ["KEEP_BOTH"] * 2
+    munich = rec(id="home-m", content="Jonas moved to Munich for a new job.", location="Munich", **told)
+    munich |= {"speaker": "Jonas", "keywords": ["Jonas", "Munich", "new job"]}
+    teacher = rec(id="job-2", content="Jonas got a new job as a teacher.", **told)
+    teacher |= {"speaker": "Jonas", "keywords": ["Jonas", "teacher"], "source_turns": ["D5:2"]}
+    events = memory.add_records([munich, teacher], user_id="j")
+    assert events == [
+        {"id": "home-m", "action": "SUPERSEDE", "target": "home-b"},
+        {"id": "job-2", "action": "SUPERSEDE", "target": "job-1"},
+    ]
+    active = {r["id"] for r in memory.get_all(user_id="j").memories}
+    assert active == {"home-m", "job-2", "parents", "past"}
+    found = [h.record["id"] for h in memory.search("Where does Jonas live now?", user_id="j", k=3).hits]
+    assert "home-m" in found and "home-b" not in found
+
+
+def test_a_question_about_the_present_prefers_the_newest_telling(memory):
+    """Two homes of one person stored side by side (as given, or kept apart by a model's decision): a
+    question about the present ranks the later telling first, the same question without "now" the
+    closer text."""
+    denver = {**DENVER, "session_time": "2023-01-05T10:00"}
+    austin = rec(id="home-2", content="Ann moved to Austin in September.", location="Austin")
+    austin |= {"keywords": ["Ann", "Austin"], "session_time": "2023-09-05T10:00", "source_turns": ["D9:1"]}
+    memory.add_records([denver, austin], user_id="ann", consolidate=False)
+    plain = memory.search("Where does Ann live?", user_id="ann", k=2).hits
+    assert [h.record["id"] for h in plain] == ["home-1", "home-2"]
+    for question in (
+        "Where does Ann live now?",
+        "Where is Ann living these days?",
+        "Where does Ann live currently?",
+    ):
+        assert memory.search(question, user_id="ann", k=2).hits[0].record["id"] == "home-2", question
 
 
 def _count_blocks(memory, monkeypatch) -> list[bool]:

@@ -349,7 +349,7 @@ def test_a_changed_tiny_base_spec_rebuilds_the_base(tmp_path):
     assert not is_built(tmp_path, 0, **{**spec, "hidden_size": 128}) and not is_built(tmp_path, 1, **spec)
 
 
-# --- appending to a conversation (issue 17, item 3) ----------------------------------------------------
+# --- appending to a conversation ----------------------------------------------------
 
 
 def _turns(memory: Memory, user: str, conversation: str) -> list[tuple[str, str, str]]:

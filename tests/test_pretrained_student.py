@@ -78,6 +78,13 @@ def test_a_truncated_or_foreign_gguf_is_refused_by_name(tmp_path, monkeypatch, g
     (folder / "text.gguf").write_text("not a model")
     with pytest.raises(PackagedModelError, match=r"text\.gguf: not a readable GGUF file"):
         check_gguf(folder / "text.gguf", "fake")
+    import struct
+
+    (folder / "bare.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # a header, nothing in it
+    with pytest.raises(
+        PackagedModelError, match=r"bare\.gguf: no general.architecture field: not a model GGUF"
+    ):
+        check_gguf(folder / "bare.gguf", "fake")
     import gguf
 
     writer = gguf.GGUFWriter(folder / "alien.gguf", arch="alienlm")

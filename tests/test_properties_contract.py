@@ -1,4 +1,4 @@
-"""Property-based tests (Hypothesis) of the record contract, the validator and windowing (issue 17).
+"""Property-based tests (Hypothesis) of the record contract, the validator and windowing.
 
 - Any valid record (generated against a random window scope) round-trips through `canonical_json`,
   validates, and is accepted by the JSON Schemas generated from the one definition (the task schema and

@@ -271,7 +271,7 @@ def test_metrics_count_requests_by_route_and_status(client):
 
 
 def test_metrics_need_the_operator_key(client, tmp_path, embedder, monkeypatch):
-    """Issue 17 (9): /metrics counts every tenant's calls, so a tenant's key gets 403 (it was 200), the
+    """/metrics counts every tenant's calls, so a tenant's key gets 403 (it was 200), the
     operator key 200; the operator key reads nothing else; with no operator key /metrics is off."""
     assert client.get("/metrics", headers=A).status_code == 403
     assert client.get("/metrics", headers=OPERATOR).status_code == 200
@@ -288,7 +288,7 @@ def test_metrics_need_the_operator_key(client, tmp_path, embedder, monkeypatch):
 
 
 def test_patch_refuses_null_for_fields_that_cannot_be_null(client):
-    """Issue 17 (6): {"type": null} / {"keywords": null} were 500, {"content": null} leaked the
+    """{"type": null} / {"keywords": null} were 500, {"content": null} leaked the
     embedder's message; each is now 422 naming the field. The dimensions may still be cleared."""
     record_id = client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A).json()[
         "events"
@@ -304,7 +304,7 @@ def test_patch_refuses_null_for_fields_that_cannot_be_null(client):
 
 
 def test_search_with_a_far_off_reference_date_is_not_a_server_error(client):
-    """Issue 17 (6): "last week" against 0001-01-01 was an OverflowError (500)."""
+    """ "last week" against 0001-01-01 was an OverflowError (500)."""
     client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A)
     for query in ("what did I do last week", "what happened yesterday", "last year in 2024"):
         for day in ("0001-01-01", "9999-12-31"):
@@ -314,7 +314,7 @@ def test_search_with_a_far_off_reference_date_is_not_a_server_error(client):
 
 
 def test_hostile_ids_are_clipped_and_refused_before_a_lookup(client, app, monkeypatch):
-    """Issue 17 (9): a 100k-character id was echoed in full in the 404; ids over the maximum are
+    """a 100k-character id was echoed in full in the 404; ids over the maximum are
     422 without reaching the store, a URL over max_url_bytes is 414, and what comes back is short."""
     lookups = []
     real_get = app.state.service.memory.get
@@ -335,7 +335,7 @@ def test_hostile_ids_are_clipped_and_refused_before_a_lookup(client, app, monkey
 
 
 def test_unauthenticated_requests_get_401_before_the_body_limit(client):
-    """Issue 17 (2): with no key a huge body got 413, not 401; unknown routes need a key too."""
+    """with no key a huge body got 413, not 401; unknown routes need a key too."""
     huge = b'{"user_id": "ann", "messages": []}' + b" " * 100_000
     headers = {"Content-Type": "application/json"}
     assert client.post("/v1/memories", content=huge, headers=headers).status_code == 401
@@ -353,7 +353,7 @@ def test_unauthenticated_requests_get_401_before_the_body_limit(client):
 
 
 def test_changing_a_record_that_is_not_active_is_409_and_restore_brings_it_back(client):
-    """Issue 17 (1), the service's side: PATCH of a deleted record was 200 (it came back in search) and
+    """The service's side: PATCH of a deleted record was 200 (it came back in search) and
     a second DELETE 204; both are 409 now, and POST .../restore is the one way back."""
     record_id = client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A).json()[
         "events"

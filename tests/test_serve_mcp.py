@@ -1,9 +1,14 @@
 """The MCP server (`dimmem serve mcp`) through the `mcp` SDK's own clients: in process (the tools'
-schemas, the search filters, the record lifecycle, one-line errors), and as a subprocess over stdio
-(one local user, its default store) and over streamable HTTP with two tenants (a wrong key refused, no
-hit across tenants). Every refusal must be a tool error of one line, and the server must keep serving."""
+schemas, the search filters, the record lifecycle, one-line errors, unknown arguments, answers over
+`max_result_bytes`), and as a subprocess over stdio (one local user, its default store, lines that are
+not JSON-RPC) and over streamable HTTP with two tenants (a wrong key or two keys refused, no hit across
+tenants, no session across tenants, an answer the SDK's client could not take refused by name). Every
+refusal must be a tool error of one line, and the server must keep serving."""
 
+import json
 import os
+import random
+import subprocess
 import sys
 from contextlib import asynccontextmanager
 
@@ -45,6 +50,17 @@ CHAT = [
 OLDER = [{"role": "user", "name": "Sam", "content": "My beagle Rex turned ten.", "timestamp": "2023-07-01"}]
 KEYS = {"DIMMEM_TEST_MCP_A": "key-a-0123456789abcdef", "DIMMEM_TEST_MCP_B": "key-b-0123456789abcdef"}
 LIMIT_S = 90  # a scenario that hangs fails, and its server is stopped on the way out
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+}
+JSON_AND_SSE = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
 def scenario(body) -> None:
@@ -101,7 +117,8 @@ def test_tools_in_process(memory):
             added = await client.call_tool("add_memories", {"messages": CHAT})
             assert len(added.structured_content["events"]) == 2  # the rule extractor: one per user turn
             await client.call_tool("add_memories", {"messages": OLDER})
-            assert len(hits(await client.call_tool("search_memories", {"query": "beagle"}))) == 3
+            beagles = hits(await client.call_tool("search_memories", {"query": "beagle"}))
+            assert len(beagles) == 2 and not any("Eagle" in h for h in beagles)  # the hike matches nothing
             march = await client.call_tool("search_memories", {"query": "beagle", "time": "2024-03"})
             assert hits(march)[0] == "Ann: I adopted a beagle called Biscuit."
             assert "Sam: My beagle Rex turned ten." not in hits(march)
@@ -147,6 +164,66 @@ def test_tools_in_process(memory):
             refused(await client.call_tool("search_memories", {"query": "beagle"}), "store does not answer")
 
     scenario(body)
+
+
+def test_unknown_arguments_are_tool_errors(memory):
+    """An argument no tool parameter takes (a typo: `limt`) was dropped, and the call ran with the
+    default; it is a tool error naming each unknown argument and the ones the tool takes."""
+    server = build_server(McpConfig(user="ann"), memory)
+
+    async def body():
+        async with Client(server) as client:
+            await client.call_tool("add_memories", {"messages": CHAT})
+            refused(await client.call_tool("list_memories", {"limt": 1}), "unknown arguments: limt", "limit")
+            typos = {"query": "beagle", "kk": 1, "speakr": "Ann", "z" * 5_000: 1}
+            refused(await client.call_tool("search_memories", typos), "kk", "speakr", "zzz")
+            listed = await client.call_tool("list_memories", {"limit": 1})
+            assert len(listed.structured_content["memories"]) == 1
+
+    scenario(body)
+
+
+def test_answers_over_max_result_bytes_are_refused(memory):
+    """An answer larger than `max_result_bytes`, as it goes on the wire, is a tool error naming the limit
+    (the profile resource an error too); a smaller one is delivered."""
+    server = build_server(McpConfig(user="ann", max_result_bytes=10_000), memory)
+
+    async def body():
+        async with Client(server) as client:
+            added = await client.call_tool("add_memories", {"messages": long_messages(0, words=400)})
+            ids = [e["id"] for e in added.structured_content["events"]]
+            for record_id in ids:
+                await client.call_tool(
+                    "update_memory", {"memory_id": record_id, "changes": {"type": "profile"}}
+                )
+            assert not (await client.call_tool("get_memory", {"memory_id": ids[0]})).is_error
+            refused(await client.call_tool("list_memories", {}), "max_result_bytes (10000)", "limit")
+            with pytest.raises(MCPError, match="max_result_bytes"):
+                await client.read_resource("memory://ann/profile")
+
+    scenario(body)
+
+
+@pytest.mark.integration
+def test_stdio_answers_an_unreadable_line(tmp_path):
+    """`dimmem serve mcp` over stdio dropped a line that is not JSON without a word; JSON-RPC answers it
+    with a parse error (-32700, id null), and JSON that is no JSON-RPC message with an invalid request
+    (-32600). The server goes on: the request after them is answered."""
+    lines = ["{not json", "[1, 2]", json.dumps(INITIALIZE)]
+    result = subprocess.run(
+        [sys.executable, "-m", "dimmem", "serve", "mcp", "--user", "ann"],
+        input="".join(line + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")},
+    )
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["id"] for a in answers] == [None, None, 1], result.stdout
+    assert [a["error"]["code"] for a in answers[:2]] == [-32700, -32600]
+    assert answers[2]["result"]["serverInfo"]["name"] == "dimmem"
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
 def test_config():
@@ -214,68 +291,165 @@ def test_stdio_subprocess(tmp_path):
     assert "Traceback" not in log.read_text()
 
 
-@pytest.mark.integration
-def test_http_two_tenants(tmp_path):
-    """`dimmem serve mcp --transport http` with two tenants: no key or a wrong one is 401 before the MCP
-    transport reads the body (the SDK's client fails), an oversized body 413; a tenant finds its own
-    memory by a time filter and deletes it; the other tenant, same user id, sees nothing of it."""
+MAX_BODY = 300_000  # the HTTP server's: room for the long records below, a body over it 413
+
+
+@pytest.fixture(scope="module")
+def http_url(tmp_path_factory):
+    """`dimmem serve mcp --transport http` with tenants a and b over one SQLite file: its base URL."""
+    folder = tmp_path_factory.mktemp("mcp-http")
     port = free_port()
-    config = tmp_path / "mcp.yaml"
+    config = folder / "mcp.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "transport": "http",
-                "store": str(tmp_path / "shared.sqlite"),
+                "store": str(folder / "shared.sqlite"),
                 "tenants": [
                     {"name": "a", "api_key_env": "DIMMEM_TEST_MCP_A"},
                     {"name": "b", "api_key_env": "DIMMEM_TEST_MCP_B"},
                 ],
                 "port": port,
-                "max_body_bytes": 50_000,
+                "max_body_bytes": MAX_BODY,
             }
         )
     )
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "dimmem", "serve", "mcp", "--config", str(config)]
+    with Service(command, f"{url}/healthz", folder / "mcp.log", env=KEYS, startup_timeout=120):
+        yield url
 
-    @asynccontextmanager
-    async def tenant(key: str):
-        async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http,
-            streamable_http_client(f"{url}/mcp", http_client=http) as streams,
-            connected(streams) as session,
-        ):
-            yield session
+
+@asynccontextmanager
+async def tenant(url: str, key: str, **http_options):
+    """A session of the SDK's client over HTTP with `key` as its bearer key."""
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60, **http_options) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as streams,
+        connected(streams) as session,
+    ):
+        yield session
+
+
+@pytest.mark.integration
+def test_http_two_tenants(http_url):
+    """`dimmem serve mcp --transport http` with two tenants: no key or a wrong one is 401 before the MCP
+    transport reads the body (the SDK's client fails), an oversized body 413; a tenant finds its own
+    memory by a time filter and deletes it; the other tenant, same user id, sees nothing of it."""
 
     async def body():
         async with httpx2.AsyncClient(timeout=30) as http:
             for headers in ({}, {"Authorization": "Bearer key-c-0123456789abcdef"}):
-                assert (await http.post(f"{url}/mcp", headers=headers, content=b"x" * 10)).status_code == 401
+                status = (await http.post(f"{http_url}/mcp", headers=headers, content=b"x" * 10)).status_code
+                assert status == 401
             big = {"Authorization": f"Bearer {KEYS['DIMMEM_TEST_MCP_A']}", "Content-Type": "application/json"}
-            assert (await http.post(f"{url}/mcp", headers=big, content=b"x" * 60_000)).status_code == 413
+            over = b"x" * (MAX_BODY + 10_000)
+            assert (await http.post(f"{http_url}/mcp", headers=big, content=over)).status_code == 413
         with pytest.raises(Exception) as failed:
-            async with tenant("key-c-0123456789abcdef"):
+            async with tenant(http_url, "key-c-0123456789abcdef"):
                 pass
         assert any(isinstance(leaf, MCPError) for leaf in leaves(failed.value))
 
-        async with tenant(KEYS["DIMMEM_TEST_MCP_A"]) as a:
+        async with tenant(http_url, KEYS["DIMMEM_TEST_MCP_A"]) as a:
             assert {t.name for t in (await a.list_tools()).tools} == TOOLS
             await a.call_tool("add_memories", {"user_id": "ann", "messages": CHAT})
             march = {"user_id": "ann", "query": "beagle", "time": "2024-03"}
             found = (await a.call_tool("search_memories", march)).structured_content["hits"][0]["record"]
             assert found["user_id"] == "ann" and "Biscuit" in found["content"]
         theirs = {"user_id": "ann", "memory_id": found["id"]}
-        async with tenant(KEYS["DIMMEM_TEST_MCP_B"]) as b:
+        async with tenant(http_url, KEYS["DIMMEM_TEST_MCP_B"]) as b:
             assert hits(await b.call_tool("search_memories", {"user_id": "ann", "query": "beagle"})) == []
             refused(await b.call_tool("get_memory", theirs), "'ann' has no memories")
             refused(await b.call_tool("delete_memory", theirs), "'ann' has no memories")
             listed = await b.call_tool("list_memories", {"user_id": "ann"})
             assert listed.structured_content["memories"] == []
             refused(await b.call_tool("search_memories", {"user_id": "a/ann", "query": "beagle"}), "user_id")
-        async with tenant(KEYS["DIMMEM_TEST_MCP_A"]) as a:
+        async with tenant(http_url, KEYS["DIMMEM_TEST_MCP_A"]) as a:
             await a.call_tool("delete_memory", theirs)
             after = hits(await a.call_tool("search_memories", {"user_id": "ann", "query": "beagle"}))
             assert found["content"] not in after
 
-    with Service(command, f"{url}/healthz", tmp_path / "mcp.log", env=KEYS, startup_timeout=120):
-        scenario(body)
+    scenario(body)
+
+
+@pytest.mark.integration
+def test_http_two_authorization_headers_are_400(http_url):
+    """The guard read one Authorization header and the tools the other, so a request carrying tenant b's
+    key beside a's ran as either, by their order. More than one is refused before the transport."""
+    a, b = KEYS["DIMMEM_TEST_MCP_A"], KEYS["DIMMEM_TEST_MCP_B"]
+
+    async def body():
+        async with httpx2.AsyncClient(timeout=30) as http:
+            for first, second in ((b, a), (a, b), ("key-c-0123456789abcdef", a)):
+                headers = [*JSON_AND_SSE.items(), ("Authorization", f"Bearer {first}")]
+                headers.append(("Authorization", f"Bearer {second}"))
+                answer = await http.post(f"{http_url}/mcp", headers=headers, json=INITIALIZE)
+                assert answer.status_code == 400, (first, second, answer.text)
+            one = {**JSON_AND_SSE, "Authorization": f"Bearer {a}"}
+            assert (await http.post(f"{http_url}/mcp", headers=one, json=INITIALIZE)).status_code == 200
+
+    scenario(body)
+
+
+@pytest.mark.integration
+def test_http_a_session_belongs_to_its_tenant(http_url):
+    """Tenant b, with its own valid key, was served on the session tenant a opened: every method on it
+    (a request, the event stream, ending it) with another tenant's key is now answered as if the session
+    did not exist, and a's session goes on."""
+    opened: set[str] = set()
+
+    async def note_session(response):
+        if session_id := response.headers.get("mcp-session-id"):
+            opened.add(session_id)
+
+    async def body():
+        hooks = {"event_hooks": {"response": [note_session]}}
+        async with tenant(http_url, KEYS["DIMMEM_TEST_MCP_A"], **hooks) as a:
+            (session_id,) = opened
+            b = {**JSON_AND_SSE, "Authorization": f"Bearer {KEYS['DIMMEM_TEST_MCP_B']}"}
+            b["mcp-session-id"] = session_id
+            listing = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+            async with httpx2.AsyncClient(timeout=30) as http:
+                assert (await http.post(f"{http_url}/mcp", headers=b, json=listing)).status_code == 404
+                assert (await http.get(f"{http_url}/mcp", headers=b)).status_code == 404
+                assert (await http.delete(f"{http_url}/mcp", headers=b)).status_code == 404
+            assert {t.name for t in (await a.list_tools()).tools} == TOOLS
+
+    scenario(body)
+
+
+def long_messages(first: int, count: int = 4, words: int = 5_000) -> list[dict]:
+    """Messages of about 8 characters a word, each of its own speaker (so none merges with another)."""
+    draw = random.Random(first)
+    return [
+        {
+            "role": "user",
+            "name": f"Person{n}",
+            "content": "My beagle notes: " + " ".join(f"w{draw.randrange(10**6)}" for _ in range(words)),
+            "timestamp": "2024-03-04",
+        }
+        for n in range(first, first + count)
+    ]
+
+
+@pytest.mark.integration
+def test_http_answers_over_the_limit_are_tool_errors(http_url):
+    """A search answer over 1 MiB went as one server-sent event, which the SDK's client refuses: the call
+    failed in the transport. Over `max_result_bytes` it is a tool error naming the limit, the session
+    goes on, and a smaller answer is delivered."""
+
+    async def body():
+        async with tenant(http_url, KEYS["DIMMEM_TEST_MCP_A"]) as a:
+            for first in range(0, 16, 4):  # 16 memories of about 40 kB, four a call: under the body limit
+                added = await a.call_tool(
+                    "add_memories", {"user_id": "big", "messages": long_messages(first)}
+                )
+                assert not added.is_error, added.content
+            all_of_them = {"user_id": "big", "query": "beagle notes", "k": 16}
+            refused(await a.call_tool("search_memories", all_of_them), "max_result_bytes", "1000000", "k")
+            refused(await a.call_tool("list_memories", {"user_id": "big"}), "max_result_bytes")
+            assert len(hits(await a.call_tool("search_memories", {**all_of_them, "k": 4}))) == 4
+            page = await a.call_tool("list_memories", {"user_id": "big", "limit": 4})
+            assert len(page.structured_content["memories"]) == 4
+
+    scenario(body)

@@ -1,6 +1,7 @@
 """Moving a store (`dimmem memory migrate`): pending schema migrations applied in place on either backend,
-and a round trip SQLite -> Postgres -> SQLite that keeps every record (every status, versions,
-timestamps), every history entry, every turn and every window (pending ones too), and the vectors."""
+a round trip SQLite -> Postgres -> SQLite that keeps every record (every status, versions, timestamps),
+every history entry, every turn and every window (pending ones too), and the vectors, and a copy that
+stops on a record no store keeps with the target as it was."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 
 import numpy as np
 import pytest
-from test_adversarial_runtime import chat, scripted
+from test_adversarial_runtime import chat, rec, scripted
 
 from devtools.hashing_embedder import HashingEmbedder
 from dimmem.contract.windows import Window
@@ -90,6 +91,41 @@ def test_round_trip_sqlite_postgres_sqlite_is_lossless(tmp_path, pg_server, caps
         memory_command(["migrate", "--from", source, "--to", middle])
     assert memory_command(["migrate", "--from", source, "--to", middle, "--force"]) == 0
     assert_same(before, dumps(middle))
+
+
+def test_a_record_no_store_keeps_is_named_and_leaves_the_target_as_it_was(tmp_path, store_urls):
+    """A record whose content holds a NUL character (SQLite keeps it, PostgreSQL refuses it) stops the copy
+    into either backend before anything is written: neither the users copied before it nor, with --force,
+    the target's own rows change, and the error names the user, the record and what is wrong."""
+    source = str(tmp_path / "source.sqlite")
+    memory = Memory({"store": source}, embedder=HashingEmbedder())
+    memory.add_records([rec("a1", "Ann hiked up Eagle Peak.")], user_id="ann")
+    memory.add_records([rec("b1", "Bob pasted\x00 a binary file.")], user_id="bob")
+    memory.add_records([rec("c1", "Cy hiked up Eagle Peak.")], user_id="cy")
+    memory.close()
+    empty, seeded = store_urls("empty"), store_urls("seeded")
+    memory = Memory({"store": seeded}, embedder=HashingEmbedder())
+    memory.add_records([rec("t1", "Ann moved to Oslo.")], user_id="ann")  # a user the copy would replace
+    memory.close()
+    before = dumps(seeded)
+
+    for target, force in ((empty, []), (seeded, ["--force"])):
+        with pytest.raises(
+            ValueError,
+            match=r"user 'bob', record 'b1': content holds a NUL character .*; nothing was copied into",
+        ):
+            memory_command(["migrate", "--from", source, "--to", target, *force])
+    assert dumps(empty) == {}
+    assert_same(before, dumps(seeded))
+    # text that is not Unicode cannot be written to a store from Python: a dump that holds some is refused too
+    surrogate = {
+        **dumps(source)["cy"],
+        "turns": [{"conversation_id": "c", "turn_id": "D1:1", "text": "\ud800"}],
+    }
+    assert transfer.refusal(surrogate) == (
+        "user 'cy', turn 'D1:1' of conversation 'c': text is not valid Unicode (surrogates not allowed at "
+        "character 0)"
+    )
 
 
 @pytest.mark.parametrize("backend_name", ["sqlite", "postgres"])

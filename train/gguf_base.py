@@ -49,7 +49,12 @@ def check_gguf(path: Path, distribution: str) -> str:
         reader = open_gguf(path)
     except ValueError as exc:
         raise PackagedModelError(f"{exc}; reinstall it: {reinstall}") from None
-    architecture = bytes(reader.get_field("general.architecture").parts[-1]).decode()
+    field = reader.get_field("general.architecture")
+    if field is None:
+        raise PackagedModelError(
+            f"{path}: no general.architecture field: not a model GGUF; reinstall it: {reinstall}"
+        )
+    architecture = field.contents()
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise PackagedModelError(
             f"{path}: architecture {architecture!r} is not one transformers {transformers.__version__} loads "

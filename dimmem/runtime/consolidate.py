@@ -26,13 +26,15 @@ class RuleConsolidator:
     - a restatement: from `restate_similarity` on, with most of the shorter record's content words
       (`restate_overlap`) in the other: one record says it (MERGE). Events merge only when they agree on
       time and place; two occasions stay two records.
+    - a changed attribute (`changed`): a later telling of where the speaker lives that names another
+      place, or of a new job, replaces the earlier one whatever words either uses (SUPERSEDE);
     Anything else is kept apart (KEEP_BOTH): close texts about one topic are usually two facts."""
 
     def __init__(self, restate_similarity: float, restate_overlap: float):
         self.restate_similarity, self.restate_overlap = restate_similarity, restate_overlap
 
     def __call__(self, new: dict, candidate: dict, similarity: float) -> dict:
-        if new["type"] in ("fact", "profile") and moved(new, candidate):
+        if changed(new, candidate) or new["type"] in ("fact", "profile") and moved(new, candidate):
             return {"action": "SUPERSEDE", "memory": {k: new[k] for k in MEMORY_FIELDS}}
         if similarity < self.restate_similarity:
             return KEEP_BOTH
@@ -58,6 +60,58 @@ def moved(a: dict, b: dict) -> bool:
     ignore = {a["speaker"].casefold(), a["location"].casefold(), b["location"].casefold()}
     rest = [{k.casefold() for k in r["keywords"]} - ignore for r in (a, b)]
     return bool(rest[0]) and rest[0] == rest[1]
+
+
+# A person's attribute that a later telling replaces, whatever words it uses (the dimension-aware update):
+# where they live, told with its place, and their job, told as a change. Each is matched only right after
+# the speaker's name (adverbs between), so "Ann's parents live in Lisbon" is not Ann's home, and never in
+# the past tense of a state ("Ann lived in Paris as a kid" is history, not a move).
+_ADVERBS = r"(?:\s+(?:now|recently|just|finally|also|currently|still|has|have|had|officially))*"
+_HOME = re.compile(
+    r"\s+(?:lives|is living|moved|relocated|settled|is based|resides|is now based)\s+(?:back\s+)?(?:in|to)\s+"
+    r"(?:the\s+)?(?P<place>[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*)"
+)
+_OWN_HOME = re.compile(  # "Ann's home is a flat in Leeds"
+    r"'s\s+(?:home|house|flat|apartment)\s+is\b[^.;]*?\b(?:in|at)\s+(?P<place>[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*)"
+)
+_JOB_CHANGE = re.compile(
+    r"\s+(?:(?:(?:got|landed|took|accepted|started|began)\s+)?(?:a\s+)?new\s+(?:job|position|role)"
+    r"|(?:started|began)\s+(?:working|a\s+job|a\s+new\s+job)\s+(?:at|as|for)"
+    r"|(?:was|got|has\s+been)\s+hired|switched\s+(?:jobs|careers)|changed\s+(?:jobs|careers)"
+    r"|quit\s+(?:his|her|their)\s+job|left\s+(?:his|her|their)\s+job)\b"
+)
+_JOB_STATE = re.compile(r"\s+(?:works|is\s+working)\s+(?:as|at|for)\b")
+
+
+def slot(record: dict) -> tuple[str, str] | None:
+    """(attribute, value) of what a record says about its speaker: ("home", the place) or ("job", "new"
+    when it tells a change, else ""); None when it says neither."""
+    name = re.escape(record["speaker"])
+    content = record["content"]
+    for match in re.finditer(rf"\b{name}\b", content):
+        if home := _OWN_HOME.match(content[match.end() :]):
+            return "home", (record.get("location") or home["place"]).casefold()
+    for match in re.finditer(rf"\b{name}\b(?!'s){_ADVERBS}", content):
+        rest = content[match.end() :]
+        if home := _HOME.match(rest):
+            return "home", (record.get("location") or home["place"]).casefold()
+        if _JOB_CHANGE.match(rest):
+            return "job", "new"
+        if _JOB_STATE.match(rest):
+            return "job", ""
+    return None
+
+
+def changed(new: dict, old: dict) -> bool:
+    """The newer telling replaces the older: the same speaker's home in another place, or a new job
+    after any telling of their job."""
+    if new["speaker"].casefold() != old["speaker"].casefold():
+        return False
+    a, b = slot(new), slot(old)
+    if a is None or b is None or a[0] != b[0]:
+        return False
+    later, earlier = (a, b) if recency(new) > recency(old) else (b, a)
+    return later[1] == "new" if later[0] == "job" else later[1] != earlier[1]
 
 
 def word_overlap(a: str, b: str) -> float:
@@ -91,7 +145,7 @@ def recency(record: dict) -> tuple:
             happened = parse_span(record["time"])[0].isoformat()
         except ValueError:  # the validator lets only spans through; a hand-made time may be anything
             happened = ""
-    return told, happened, session, [int(p) if p.isdigit() else p for p in _DIGITS.split(record["id"])]
+    return told, happened, session, [int(p) if p.isdigit() else p for p in _DIGITS.split(record.get("id") or "")]
 
 
 _DIGITS = re.compile(r"(\d+)")

@@ -177,6 +177,18 @@ def lexical_terms(query: str) -> str:
     return " ".join(content_words(query)) or query
 
 
+_PRESENT = re.compile(
+    r"\b(?:now|currently|these days|nowadays|at the moment|at present|any ?more|still|right now|today)\b",
+    re.I,
+)
+
+
+def asks_about_now(question: str) -> bool:
+    """Whether a question asks how things are now ("Where does Ann live now?", "What does she do these
+    days?"): the newest telling of an attribute is what answers it."""
+    return _PRESENT.search(question) is not None
+
+
 def parse_query_rules(question: str, reference_date: str | None = None) -> dict:
     """A `parse_query` answer (records.QueryParse) built by rules."""
     reference = datetime.fromisoformat(reference_date).date() if reference_date else date.today()

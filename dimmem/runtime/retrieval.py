@@ -2,8 +2,11 @@
 dimension match (the query's time, place and types), fused by the sum of calibrated scores
 (`score_fusion`, the default), by reciprocal rank fusion (`rrf`) or by the DimMem authors' rule
 (`dedup`: each path's top k concatenated, duplicates dropped; a baseline). The dimension path votes
-only with what the parsed query states. A query that states a time ranks records whose time overlaps
-it above records dated elsewhere; each hit keeps its rank and score on every path."""
+only with what the parsed query states. A time the query states ranks, it does not filter: a record
+dated elsewhere keeps `TIME_MISS` of its score, so one whose text is what was asked still comes back.
+A record no path lifts (fused score 0: the weakest candidate of every path that found it) comes back
+only when some path matched it at all: a query term, a stated dimension, or a meaning close to the
+question's (`RELATED_COSINE`). Each hit keeps its rank and score on every path."""
 
 from __future__ import annotations
 
@@ -12,9 +15,18 @@ from dataclasses import dataclass, field
 
 from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.timespan import overlaps, parse_span
+from dimmem.runtime.consolidate import recency, slot
 from dimmem.runtime.stores.log import RecordLog
 
 RRF_K = 60  # the constant of reciprocal rank fusion (Cormack et al., 2009)
+# what a record dated outside the query's time keeps of its fused score: below a record that matches
+# the time about as well otherwise, above one that matches nothing
+TIME_MISS = 0.8
+# the cosine (MiniLM) from which a record is about the question, where no other path matched it
+RELATED_COSINE = 0.3
+# a question about the present ("now", "currently"): what the newest of the candidates adds to its score,
+# the oldest nothing, the others in proportion to when they were told
+RECENT_BONUS = 0.3
 CANDIDATES_PER_DEPTH = 4
 _WORD = re.compile(r"[^\W_]+")  # word tokens of content, matched against the query's keywords
 
@@ -183,19 +195,24 @@ def fuse(
     weights: dict[str, float] | None = None,
     fusion: str = "score",
     dedup_k: int | None = None,
+    newest_first: bool = False,
 ) -> list[Hit]:
     """The top `k` of the fusion (`FUSIONS`; `dedup` cuts each path to its top `dedup_k` and drops a
-    record whose `normalized_content` an earlier one has), records dated outside the query's time (if it
-    states one) after the rest, each group in fused order (for every fusion alike). Records are read a
-    few more than `k` at a time, in fused order, only until `k` are known to come first: a search reads
-    about `k` records, not every candidate of every path. `dedup_k`: `retrieval.dedup_k`, which fusion
-    `dedup` needs."""
+    record whose `normalized_content` an earlier one has), a record dated outside the query's time (if
+    it states one) at `TIME_MISS` of its score, a record of score 0 left out unless some path matched it
+    (`_matched`), for every fusion alike;
+    `newest_first` (a question about the present): each gets up to `RECENT_BONUS` more by when it was told.
+    Records are read a few more than `k` at a time, in fused order, only until no unread one can still
+    come first: a search reads about `k` records, not every candidate of every path. `dedup_k`:
+    `retrieval.dedup_k`, which fusion `dedup` needs."""
     if fusion == "dedup" and dedup_k is None:
         raise ValueError("fusion 'dedup' needs dedup_k (the config's retrieval.dedup_k)")
     fused = dedup(paths, weights, dedup_k) if fusion == "dedup" else FUSIONS[fusion](paths, weights)
+    fused = [e for e in fused if e[1] > 0 or _matched(e[2])]
     seen: set[str] | None = set() if fusion == "dedup" else None  # contents already kept
     span = parse_span(query["time"]) if query.get("time") else None
-    first, dated_elsewhere = [], []
+    hits: list[Hit] = []
+    ranked: list[Hit] = []
     step = max(2 * k, 20)
     for start in range(0, len(fused), step):
         chunk = fused[start : start + step]
@@ -209,7 +226,52 @@ def fuse(
                         continue
                     seen.add(content)
                 elsewhere = span and record.get("time") and not overlaps(span, parse_span(record["time"]))
-                (dated_elsewhere if elsewhere else first).append(Hit(record, score, per_path))
-        if len(first) >= k:
+                hits.append(Hit(record, score * TIME_MISS if elsewhere else score, per_path))
+        ranked = sorted(_newest_first(hits) if newest_first else hits, key=lambda hit: -hit.score)
+        unread = fused[start + step][1] if start + step < len(fused) else 0.0
+        bound = unread * (1 + RECENT_BONUS) if newest_first else unread
+        if len(ranked) >= k and ranked[k - 1].score >= bound:  # no unread record can come above the k-th
             break
-    return (first + dated_elsewhere)[:k]
+    return ranked[:k]
+
+
+def _matched(per_path: dict[str, dict]) -> bool:
+    """Whether any path matched a record at all: a query term (BM25 above 0), a stated dimension (the
+    dimension path returns only those), or a meaning close to the question's (cosine `RELATED_COSINE`)."""
+    bm25, dense = per_path.get("bm25", {}).get("score", 0.0), per_path.get("dense", {}).get("score", 0.0)
+    return bm25 > 0 or per_path.get("dimension", {}).get("score", 0.0) > 0 or dense >= RELATED_COSINE
+
+
+_PAST = re.compile(
+    r"\b(?:used to|lived|grew up|as a (?:kid|child|teen(?:ager)?)|when (?:he|she|they) was)\b", re.I
+)
+
+
+def _newest_first(hits: list[Hit]) -> list[Hit]:
+    """The hits as a question about the present ranks them: each with up to `RECENT_BONUS` of its score
+    added by when it was told (`recency`: the session's date, else when stored; the newest the whole
+    bonus, the oldest none), one that tells the past ("lived", "used to", "as a kid") at `TIME_MISS`, and
+    the tellings of one attribute of one person (`consolidate.slot`: where they live, their job) newest
+    first, in the places the group's best scores held."""
+    told = [recency(hit.record)[0] for hit in hits]
+    position = {moment: i / max(len(set(told)) - 1, 1) for i, moment in enumerate(sorted(set(told)))}
+    scored = [
+        Hit(
+            h.record,
+            h.score
+            * (1 + RECENT_BONUS * position[t])
+            * (TIME_MISS if _PAST.search(h.record["content"]) else 1),
+            h.paths,
+        )
+        for h, t in zip(hits, told)
+    ]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, hit in enumerate(scored):
+        if attribute := slot(hit.record):
+            groups.setdefault((hit.record["speaker"].casefold(), attribute[0]), []).append(i)
+    for members in groups.values():
+        scores = sorted((scored[i].score for i in members), reverse=True)
+        newest = sorted(members, key=lambda i: recency(scored[i].record), reverse=True)
+        for i, score in zip(newest, scores):
+            scored[i] = Hit(scored[i].record, score, scored[i].paths)
+    return scored

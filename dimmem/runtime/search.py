@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, nullcontext
 import numpy as np
 
 from dimmem.runtime.config import RetrievalConfig
-from dimmem.runtime.query import lexical_terms
+from dimmem.runtime.query import asks_about_now, lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
 from dimmem.runtime.stores import RecordLog
 
@@ -44,7 +44,15 @@ class Searcher:
         with self.lock:
             retrieval = self.retrieval
             hits = fuse(
-                self.store, user_id, paths, parsed, k, retrieval.weights, retrieval.fusion, retrieval.dedup_k
+                self.store,
+                user_id,
+                paths,
+                parsed,
+                k,
+                retrieval.weights,
+                retrieval.fusion,
+                retrieval.dedup_k,
+                newest_first=asks_about_now(query),
             )
             self.stats["searches"] += 1
             context = []

@@ -6,6 +6,9 @@ What it promises (docs/runtime.md, "The update path"):
   the speaker's name (an index lookup, at most `update.max_candidates`), of the same speaker, compared by
   embedding where the vectors are (`Lookup.closest`); the closest from `update.similarity_threshold` is
   the one consulted. `update.candidates: paper` is the DimMem authors' filter instead, a baseline.
+- A record that tells an attribute of its speaker a later telling replaces (where they live, a new job:
+  `consolidate.slot`) is first set against the speaker's latest record of that attribute with another
+  value, of any type and in any words, found through the speaker's name in the same keyword index.
 - Time decides, not arrival. Of a pair the consolidator calls an update, the later one (`recency`: when
   it was told, then when it happened, then its session time, then its id) stays active: a new record
   supersedes an earlier one, and one that arrives after a later record is stored as that record's
@@ -25,9 +28,10 @@ from contextlib import AbstractContextManager
 
 import numpy as np
 
+from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.validate import validate
 from dimmem.runtime.config import UpdateConfig
-from dimmem.runtime.consolidate import KEEP_BOTH, RuleConsolidator, decision_scope, recency
+from dimmem.runtime.consolidate import KEEP_BOTH, RuleConsolidator, changed, decision_scope, recency, slot
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.update_batch import BatchView, StoreView
 
@@ -67,7 +71,7 @@ class UpdatePath:
             return events
         events = []
         with self.lock, self.store.transaction():
-            view = BatchView(self.store, user_id, records, self._keys, self.config.max_candidates)
+            view = BatchView(self.store, user_id, records, self._arms, self.config.max_candidates)
             for record in records:
                 vector = vectors.get(record["id"])
                 if vector is None or view.exists(record["id"]):
@@ -113,14 +117,25 @@ class UpdatePath:
         names = set() if self.config.candidates == "paper" else {record["speaker"].casefold()}
         return [k for k in record["keywords"] if k.casefold() not in names]
 
+    def _arms(self, record: dict) -> list[tuple[str, str]]:
+        """The keyword index's (type, keyword) entries a record's candidates are found under: its type and
+        keys, and its speaker's name under every type when it tells a replaceable attribute."""
+        arms = [(record["type"], k) for k in self._keys(record)]
+        if self.config.candidates != "paper" and slot(record):
+            arms += [(kind, record["speaker"]) for kind in MEMORY_TYPES]
+        return arms
+
     def _candidate(
         self, view: StoreView, record: dict, vector: np.ndarray, active: int, last: bool
     ) -> tuple[str | None, float, dict | None]:
         """The stored record to consolidate the new one with: (id, similarity, record), or (None, 0, None)
-        when none is close enough, and on the `last` attempt (which keeps both without looking)."""
+        when none is close enough, and on the `last` attempt (which keeps both without looking). A changed
+        attribute's earlier telling first (`_changed_attribute`)."""
         if last:
             return None, 0.0, None
         paper = self.config.candidates == "paper"
+        if not paper and slot(record) and (found := self._changed_attribute(view, record, vector)):
+            return found
         candidates = view.keywords(record["type"], self._keys(record), self.config.max_candidates)
         if paper:
             candidates = self._paper_candidates(view, record, candidates)
@@ -129,6 +144,28 @@ class UpdatePath:
         if not candidates:
             return None, 0.0, None
         return self._closest(view, record, vector, candidates, paper)
+
+    def _changed_attribute(
+        self, view: StoreView, record: dict, vector: np.ndarray
+    ) -> tuple[str, float, dict] | None:
+        """The speaker's latest active record (by `recency`) of the attribute this record tells, when the
+        two are a change (`consolidate.changed`), with their cosine; None otherwise. The speaker's records
+        come from the keyword index under their name (at most `max_candidates` of each type)."""
+        limit = self.config.max_candidates
+        ids = {rid for kind in MEMORY_TYPES for rid in view.keywords(kind, [record["speaker"]], limit)}
+        kind = slot(record)[0]
+        told = [
+            r
+            for r in view.get_many(sorted(ids)).values()
+            if r["speaker"].casefold() == record["speaker"].casefold() and (slot(r) or ("",))[0] == kind
+        ]
+        if not told:
+            return None
+        latest = max(told, key=recency)
+        if not changed(record, latest):
+            return None
+        scores = dict(view.closest(vector, [latest["id"]], 1))
+        return latest["id"], scores.get(latest["id"], 0.0), latest
 
     def _consult(self, record: dict, candidate: dict | None, similarity: float) -> dict:
         """The consolidator's decision; KEEP_BOTH without a candidate or for an invalid decision."""

@@ -49,8 +49,9 @@ class StoreView:
 
 class BatchView(StoreView):
     """One batch's view, inside its write block: which of its ids are stored, the active records its
-    records' keyword arms reach (each arm read `limit` + batch size deep, so however many of them the
-    batch makes inactive, `limit` remain), those records and their vectors: four queries. Then each
+    records' keyword arms reach (`arms(record)`: its (type, keyword) entries of the index; each arm read
+    `limit` + batch size deep, so however many of them the batch makes inactive, `limit` remain), those
+    records and their vectors: four queries. Then each
     write goes to the store and into the view (`added`: active records written or revised by the batch,
     with their vectors; `gone`: records it made inactive)."""
 
@@ -59,13 +60,13 @@ class BatchView(StoreView):
         store: RecordLog,
         user_id: str,
         records: list[dict],
-        keys: Callable[[dict], list[str]],
+        arms: Callable[[dict], list[tuple[str, str]]],
         limit: int,
     ):
         super().__init__(store, user_id)
         self.stored = set(store.get_many(user_id, [r["id"] for r in records]))
         new = [r for r in records if r["id"] not in self.stored]
-        arms = sorted({(r["type"], k) for r in new for k in _folded(keys(r))})
+        arms = sorted({(kind, k.casefold()) for r in new for kind, k in arms(r)})
         self.arms = store.lookup.keyword_arms(user_id, arms, limit + len(records) if limit >= 0 else -1)
         reached = sorted({rid for ids in self.arms.values() for rid in ids})
         self.records = store.get_many(user_id, reached)

@@ -36,9 +36,14 @@ class SQLiteDialect:
         self.path = self.url = str(path)
         self.timeout = timeout
         if self.path != ":memory:":
+            if Path(path).is_dir():
+                raise ValueError(f"store {path}: a folder, not a SQLite file")
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = self.connect()
-        self.db.execute("PRAGMA journal_mode=WAL")
+        try:
+            self.db = self.connect()
+            self.db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as exc:  # another kind of file, or a path SQLite cannot open
+            raise ValueError(f"store {path}: not a SQLite database this can open ({exc})") from None
         self.db.execute("PRAGMA synchronous=NORMAL")
 
     def connect(self) -> sqlite3.Connection:

@@ -1,6 +1,7 @@
 """Moving a store (`dimmem memory migrate --from --to`): a user at a time, as raw rows (`dump`: every
 status, the history, turns, windows and the active records' vectors) that `load` writes back losslessly
-into a store of either backend, in one transaction; `users` names whom to move.
+into a store of either backend, in one transaction; `users` names whom to move, and `refusal` says what
+in a dump no store keeps, so a copy can check every user before it writes any.
 """
 
 from __future__ import annotations
@@ -94,3 +95,40 @@ def load(log: RecordLog, user_id: str, data: dict, replace: bool = False) -> Non
                 for w in data["windows"]
             ],
         )
+
+
+def refusal(data: dict) -> str | None:
+    """Why a `dump` cannot be copied as it is (None: either backend keeps it): the first text holding a
+    NUL character (PostgreSQL refuses it; SQLite stores it, but its SQL functions stop there) or one that
+    is not Unicode, named by its user, row and field. Both backends refuse the same dumps."""
+    user = data["user_id"]
+    if why := _bad_text(user):
+        return f"user {user!r}: the user id {why}"
+    rows = (
+        [(f"record {r['id']!r}", r) for r in data["records"]]
+        + [(f"record {h['record_id']!r}, history version {h['version']}", h) for h in data["history"]]
+        + [(f"turn {t['turn_id']!r} of conversation {t['conversation_id']!r}", t) for t in data["turns"]]
+        + [(f"window {w['idx']} of conversation {w['conversation_id']!r}", w) for w in data["windows"]]
+    )
+    for what, row in rows:
+        for field, value in row.items():
+            if why := _bad_text(value):
+                return f"user {user!r}, {what}: {field} {why}"
+    return None
+
+
+def _bad_text(value) -> str | None:
+    """What is wrong with the first bad string in `value` (a string, or lists and mappings of them)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "holds a NUL character (\\x00), which PostgreSQL cannot store"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"is not valid Unicode ({exc.reason} at character {exc.start})"
+        return None
+    if isinstance(value, dict):
+        value = [*value, *value.values()]
+    if isinstance(value, list | tuple):
+        return next(filter(None, map(_bad_text, value)), None)
+    return None
