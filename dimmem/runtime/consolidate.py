@@ -145,7 +145,8 @@ def recency(record: dict) -> tuple:
             happened = parse_span(record["time"])[0].isoformat()
         except ValueError:  # the validator lets only spans through; a hand-made time may be anything
             happened = ""
-    return told, happened, session, [int(p) if p.isdigit() else p for p in _DIGITS.split(record.get("id") or "")]
+    order = [int(p) if p.isdigit() else p for p in _DIGITS.split(record.get("id") or "")]
+    return told, happened, session, order
 
 
 _DIGITS = re.compile(r"(\d+)")
