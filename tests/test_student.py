@@ -165,49 +165,6 @@ def test_a_student_without_its_base_packages_says_what_to_install(tmp_path, monk
         base_gguf(tmp_path / "elsewhere")
 
 
-# ---- the student the package ships (dimmem/students/) --------------------------------------------------
-
-
-def test_the_shipped_student_is_whole_and_small():
-    """Every file the shipped student lists in SHA256SUMS is there with that hash; the adapter is the
-    f16 LoRA of the card's base, under 60 MB in each form, and its card names the base, the data and
-    both licenses."""
-    import hashlib
-
-    from dimmem.runtime.student import SHIPPED
-
-    sums = dict(line.split("  ")[::-1] for line in (SHIPPED / "SHA256SUMS").read_text().splitlines())
-    assert {"adapter_model.safetensors", "adapter.gguf", "adapter_config.json", "dimmem_train.json"} <= set(
-        sums
-    )
-    for name, digest in sums.items():
-        assert hashlib.sha256((SHIPPED / name).read_bytes()).hexdigest() == digest, name
-    for name in ("adapter_model.safetensors", "adapter.gguf"):
-        assert (SHIPPED / name).stat().st_size < 60_000_000, name
-    record = json.loads((SHIPPED / "dimmem_train.json").read_text())
-    assert record["dimmem"]["gguf_base"]["parts"] == yaml.safe_load(PROFILE.read_text())["gguf_base"]["parts"]
-    card = (SHIPPED / "README.md").read_text()
-    for needed in ("base_model: Qwen/Qwen2.5-Coder-0.5B-Instruct", "apache-2.0", "CC BY-NC 4.0", "conv-26"):
-        assert needed in card, needed
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_the_shipped_student_extracts_a_window_it_never_saw(locomo_path, capsys):
-    """`dimmem memory extract --student` on the first 25 turns of conv-26 (held out of its training): the
-    answer ends (no loop into the budget), and its records name the window's people and its new turns."""
-    from dimmem.runtime.cli import main as memory
-
-    args = ["extract", "--student", "--format", "locomo", "--input", str(locomo_path)]
-    args += ["--conversation", "conv-26", "--turns", "25", "--json"]
-    assert memory(args) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert 3 <= len(records) <= 25
-    assert {r["speaker"] for r in records} <= {"Caroline", "Melanie"}
-    assert all(r["source_turns"] and all(t.startswith("D1:") for t in r["source_turns"]) for r in records)
-    assert any(r["content"].startswith(("Caroline", "Melanie")) for r in records)
-
-
 def test_one_flag_makes_the_student_the_extractor_everywhere(tmp_path, monkeypatch):
     """`--student` on `memory add`/`extract`, `serve api` and `serve mcp` (`student: true` in their
     configs) builds the runtime with the student as its extractor, which loads nothing until a window is

@@ -12,8 +12,10 @@ window's JSON Schema as a grammar, so every answer that ends parses. The child e
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -54,16 +56,19 @@ def base_gguf(folder: Path) -> Path:
         raise ValueError(f"{record}: the student's base is not a GGUF file shipped in chunk packages")
     path = cache_dir() / "gguf" / spec["sha256"][:16] / spec["file"]
     stamp = path.with_name(path.name + ".sha256")
-    if (
-        path.is_file()
-        and stamp.is_file()
-        and stamp.read_text().split() == [spec["sha256"], str(path.stat().st_size)]
-    ):
-        return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"assembling the student's base {spec['file']} from {spec['parts'][0]} ... (once)", flush=True)
-    assemble_parts(spec["parts"], path, spec["sha256"])  # raises naming the packages to install
-    stamp.write_text(f"{spec['sha256']} {path.stat().st_size}\n")
+    with open(path.with_name(".lock"), "w") as lock:  # several workers starting at once assemble it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        whole = [spec["sha256"], str(path.stat().st_size)] if path.is_file() else None
+        if stamp.is_file() and stamp.read_text().split() == whole:
+            return path
+        # stderr: over MCP stdio, stdout is the protocol's
+        print(
+            f"assembling the student's base {spec['file']} from {spec['parts'][0]} ... (once)",
+            file=sys.stderr,
+        )
+        assemble_parts(spec["parts"], path, spec["sha256"])  # raises naming the packages to install
+        stamp.write_text(f"{spec['sha256']} {path.stat().st_size}\n")
     return path
 
 
