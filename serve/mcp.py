@@ -47,8 +47,8 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.runtime.memory import Memory
+from dimmem.runtime.search import SearchFilters
 from serve.config import McpConfig
 from serve.deps import Metrics, ServiceState, public, scoped
 from serve.guard import Guard, caller, clip
@@ -62,8 +62,10 @@ from serve.schemas import (
     Message,
     SearchQuery,
     SearchResponse,
+    Span,
     Status,
     StoredMemory,
+    Text,
     UpdateRequest,
     UserId,
 )
@@ -87,15 +89,6 @@ MemoryId = Annotated[
         min_length=1, max_length=MAX_RECORD_ID, description="a memory's id, as add, search or list show it"
     ),
 ]
-Span = Annotated[
-    str,
-    Field(
-        max_length=40,
-        description="ISO date, partial date or interval (2024-03, 2024-03-01/2024-03-07): memories whose "
-        "time overlaps it",
-    ),
-]
-Text = Annotated[str, Field(min_length=1, max_length=500)]
 # what update_memory may change: the service's PATCH body without its user
 MemoryChanges = create_model(
     "MemoryChanges",
@@ -338,35 +331,22 @@ def build_server(config: McpConfig, memory: Memory, keys: dict[str, str] | None 
         Filters are strict, a hit outside them is dropped (`time`: a memory without a time too), and they
         replace what the query parser read from the question, so retrieval looks for memories of that
         type, time and place in the first place."""
-        # the filters go into the parsed query (the dimension path's lookups) and then sift the fused
-        # hits, drawn from a pool as deep as the retrieval paths; the runtime's assistant context
-        # follows that pool
         if k > config.max_k:
             raise ToolError(f"k={k}; at most {config.max_k}")
         call = calling(ctx, user_id)
         with call.answering():
-            span = parse_span(time) if time else None
-            reference = reference_date.isoformat() if reference_date else None
-            given = {"target_types": [type] if type else None, "time": time, "location": location}
-            parsed = {
-                **memory.query_parser(query, reference),
-                **{key: value for key, value in given.items() if value},
-            }
-            narrowed = any((type, time, location, speaker))
             result = memory.search(
                 query,
                 user_id=call.store_user,
-                k=max(k, memory.config.retrieval.depth) if narrowed else k,
-                reference_date=reference,
-                parsed=parsed,
+                k=k,
+                reference_date=reference_date.isoformat() if reference_date else None,
+                filters=SearchFilters(type, time, location, speaker),
             )
         hits = [
-            {"score": h.score, "paths": h.paths, "record": public(h.record, call.user)}
-            for h in result.hits
-            if _within(h.record, type, span, location, speaker)
+            {"score": h.score, "paths": h.paths, "record": public(h.record, call.user)} for h in result.hits
         ]
         return SearchResponse.model_validate(
-            {"query": result.query, "hits": hits[:k], "assistant_context": result.assistant_context}
+            {"query": result.query, "hits": hits, "assistant_context": result.assistant_context}
         )
 
     @tool(READ)
@@ -467,19 +447,6 @@ def build_server(config: McpConfig, memory: Memory, keys: dict[str, str] | None 
         return text
 
     return server
-
-
-def _within(
-    record: dict, kind: str | None, span: tuple[date, date] | None, location: str | None, speaker: str | None
-) -> bool:
-    """Whether a hit passes the search filters: its type, a time overlapping `span`, a location containing
-    `location`, its speaker (both case-blind)."""
-    return (
-        (kind is None or record["type"] == kind)
-        and (span is None or (record.get("time") is not None and overlaps(span, parse_span(record["time"]))))
-        and (location is None or location.casefold() in (record.get("location") or "").casefold())
-        and (speaker is None or speaker.casefold() == (record.get("speaker") or "").casefold())
-    )
 
 
 def http_app(config: McpConfig, memory: Memory) -> Starlette:

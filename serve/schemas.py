@@ -16,6 +16,15 @@ UserId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN
 ConversationId = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 SearchQuery = Annotated[str, Field(min_length=1, max_length=2_000)]
 MemoryType = Literal[MEMORY_TYPES]  # type: ignore[valid-type]
+Span = Annotated[
+    str,
+    Field(
+        max_length=40,
+        description="ISO date, partial date or interval (2024-03, 2024-03-01/2024-03-07): memories whose "
+        "time overlaps it (a memory without a time is left out)",
+    ),
+]
+Text = Annotated[str, Field(min_length=1, max_length=500)]
 Status = Literal["active", "superseded", "merged", "deleted"]
 # HISTORY: stored as the history of a later record (superseded by it: dimmem.runtime.update)
 Action = Literal["ADD", "KEEP_BOTH", "MERGE", "SUPERSEDE", "HISTORY", "UNCHANGED"]
@@ -50,7 +59,19 @@ class SearchRequest(_Body):
     user_id: UserId
     query: SearchQuery
     k: int = Field(default=10, ge=1)
-    reference_date: date | None = None
+    reference_date: date | None = Field(
+        default=None, description="what 'last week' in the query is relative to; default: today"
+    )
+    type: MemoryType | None = Field(default=None, description="only memories of this type")
+    time: Span | None = None
+    location: Text | None = Field(default=None, description="a place the memory's location contains")
+    speaker: Text | None = Field(default=None, description="whom the memory is about, by name")
+
+    def filters(self):
+        """The runtime's search filters of this request (`dimmem.runtime.search.SearchFilters`)."""
+        from dimmem.runtime.search import SearchFilters
+
+        return SearchFilters(self.type, self.time, self.location, self.speaker)
 
 
 def _no_null_default(schema: dict) -> None:

@@ -152,6 +152,30 @@ def test_tenants_never_see_each_other(client):
     )
 
 
+def test_search_takes_the_filters_the_mcp_tool_takes(client):
+    """The same narrowing as the MCP tool's (one runtime search): type, time, location, speaker; a time
+    that is no ISO span is 422 naming it."""
+    older = [
+        {"role": "user", "name": "Sam", "content": "My beagle Rex turned ten.", "timestamp": "2023-07-01"}
+    ]
+    client.post("/v1/memories", json={"user_id": "ann", "messages": CHAT}, headers=A)
+    client.post("/v1/memories", json={"user_id": "ann", "messages": older}, headers=A)
+
+    def found(**filters) -> list[str]:
+        body = {"user_id": "ann", "query": "beagle", **filters}
+        answer = client.post("/v1/search", json=body, headers=A)
+        assert answer.status_code == 200, answer.text
+        return [h["record"]["content"] for h in answer.json()["hits"]]
+
+    assert len(found()) == 2
+    assert found(speaker="sam") == ["Sam: My beagle Rex turned ten."]
+    assert found(time="2023-07") == ["Sam: My beagle Rex turned ten."]
+    assert "Sam: My beagle Rex turned ten." not in found(time="2024-03")
+    assert found(type="profile") == []
+    bad = client.post("/v1/search", json={"user_id": "ann", "query": "beagle", "time": "soon"}, headers=A)
+    assert bad.status_code == 422 and "time" in bad.text
+
+
 def test_a_slow_extraction_does_not_hold_up_searches(tmp_path, embedder, monkeypatch):
     """Extraction (model calls, seconds per window when served) runs outside the store's lock: a search
     answers while an add waits on its extractor, and the add then lands."""

@@ -14,6 +14,7 @@ _EXPORTS = {
     "Page": "dimmem.runtime.memory",
     "AddResult": "dimmem.runtime.memory",
     "SearchResult": "dimmem.runtime.memory",
+    "SearchFilters": "dimmem.runtime.search",
     "MemoryConfig": "dimmem.runtime.config",
     "label_memories": "dimmem.runtime.labels",
 }

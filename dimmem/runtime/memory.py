@@ -67,7 +67,7 @@ from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor
 from dimmem.runtime.ingest import Extraction, Ingest, parse_messages
 from dimmem.runtime.retrieval import Hit
-from dimmem.runtime.search import Searcher
+from dimmem.runtime.search import Searcher, SearchFilters
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
 from dimmem.runtime.stores.log import RESTORABLE, STATUSES_LEFT
@@ -379,12 +379,14 @@ class Memory:
         k: int = 10,
         reference_date: str | None = None,
         parsed: dict | None = None,
+        filters: SearchFilters | None = None,
     ) -> SearchResult:
-        """The user's `k` best records for the query (parsed by the query parser unless `parsed` is given):
-        three paths fused (`dimmem.runtime.search`), with the assistant's replies when the query asks."""
+        """The user's `k` best records for the query (parsed by the query parser unless `parsed` is given),
+        within `filters` (type, time, location, speaker): three paths fused (`dimmem.runtime.search`),
+        with the assistant's replies when the query asks."""
         parsed = parsed or self.query_parser(query, reference_date)
-        hits, context = self.searcher.search(query, user_id, parsed, k)
-        return SearchResult(parsed, hits, context)
+        hits, context = self.searcher.search(query, user_id, parsed, k, filters)
+        return SearchResult(filters.over(parsed) if filters else parsed, hits, context)
 
     def paths(self, query: str, user_id: str, parsed: dict, query_vector: np.ndarray | None = None) -> dict:
         """Each retrieval path's ranking on its own: [(record id, score)], best first."""

@@ -1,6 +1,8 @@
 """Search: the three retrieval paths of one query (BM25 over the record text, dense over the embeddings,
 the dimension path over the parsed query's type, time, place and keywords), fused into the user's best
 records, and the assistant's replies recalled through their pointers when the query asks for them.
+`SearchFilters` narrow a search (its type, time, place, speaker) the same way wherever it is asked: the
+runtime, the HTTP service and the MCP tool.
 
 A search embeds its query and runs the dense path in a helper thread while it runs the lexical and
 dimension paths under the store lock; the dense path takes no store lock where the store reads its
@@ -13,13 +15,58 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
+from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.runtime.config import RetrievalConfig
 from dimmem.runtime.query import asks_about_now, lexical_terms
 from dimmem.runtime.retrieval import Hit, dimension_path, fuse
 from dimmem.runtime.stores import RecordLog
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """What a search is narrowed to: a memory type, a time its time overlaps (an ISO date, partial date or
+    interval), a place its location contains, its speaker (both case-blind). The given ones replace what
+    the query parser read from the question (the dimension path looks for them in the first place), and a
+    hit outside any of them is dropped (`time`: a memory without a time too)."""
+
+    type: str | None = None
+    time: str | None = None
+    location: str | None = None
+    speaker: str | None = None
+
+    def __post_init__(self):
+        if self.time is not None:
+            parse_span(self.time)  # ValueError naming what is wrong with it
+
+    @property
+    def narrowed(self) -> bool:
+        return any((self.type, self.time, self.location, self.speaker))
+
+    def over(self, parsed: dict) -> dict:
+        """The parsed query with the filters in place of what it read."""
+        given = {
+            "target_types": [self.type] if self.type else None,
+            "time": self.time,
+            "location": self.location,
+        }
+        return {**parsed, **{key: value for key, value in given.items() if value}}
+
+    def admit(self, record: dict) -> bool:
+        time = record.get("time")
+        return (
+            (self.type is None or record["type"] == self.type)
+            and (
+                self.time is None or (time is not None and overlaps(parse_span(self.time), parse_span(time)))
+            )
+            and (
+                self.location is None or self.location.casefold() in (record.get("location") or "").casefold()
+            )
+            and (self.speaker is None or self.speaker.casefold() == (record.get("speaker") or "").casefold())
+        )
 
 
 class Searcher:
@@ -38,8 +85,13 @@ class Searcher:
         self.lock, self.stats = store_lock, stats
         self.helpers = helpers  # the query's embedding and dense path, beside the other paths
 
-    def search(self, query: str, user_id: str, parsed: dict, k: int) -> tuple[list[Hit], list[dict]]:
-        """The fused hits, and the assistant's replies to their source turns when `parsed` asks."""
+    def search(
+        self, query: str, user_id: str, parsed: dict, k: int, filters: SearchFilters | None = None
+    ) -> tuple[list[Hit], list[dict]]:
+        """The fused hits within `filters`, and the assistant's replies to their source turns when
+        `parsed` asks. Narrowed, the hits are drawn from a pool as deep as the paths, then sifted."""
+        narrowed = filters is not None and filters.narrowed
+        parsed = filters.over(parsed) if narrowed else parsed
         paths = self.paths(query, user_id, parsed)
         with self.lock:
             retrieval = self.retrieval
@@ -48,12 +100,14 @@ class Searcher:
                 user_id,
                 paths,
                 parsed,
-                k,
+                max(k, retrieval.depth) if narrowed else k,
                 retrieval.weights,
                 retrieval.fusion,
                 retrieval.dedup_k,
                 newest_first=asks_about_now(query),
             )
+            if narrowed:
+                hits = [hit for hit in hits if filters.admit(hit.record)][:k]
             self.stats["searches"] += 1
             context = []
             if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
