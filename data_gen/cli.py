@@ -12,6 +12,8 @@ from dimmem.config import add_set_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from data_gen.config import TEACHER_KINDS  # here: `dimmem --help` imports no stage's config
+
     p.add_argument("--config", help="configs/datagen/NAME.yaml (required, except with --push-only)")
     add_set_argument(p, "teacher.rpm=100")
     p.add_argument(
@@ -21,7 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (cache, dataset, report, card)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     p.add_argument("--model", help="teacher model name")
-    p.add_argument("--teacher", choices=["openai", "oracle"], help="oracle: toy-world ground truth, no LLM")
+    p.add_argument(
+        "--teacher",
+        choices=TEACHER_KINDS,
+        help="openai: any OpenAI-compatible endpoint; oracle: the toy world's ground truth; annotations: the "
+        "corpus's own annotations (LoCoMo); neither of the last two calls a model",
+    )
     p.add_argument("--concurrency", type=int, help="requests in flight")
     p.add_argument("--window", type=int)
     p.add_argument("--overlap", type=int)

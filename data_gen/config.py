@@ -27,10 +27,14 @@ class SourceConfig(Section):
     stories_per_session: int = Field(4, ge=1)
 
 
+TeacherKind = Literal["openai", "oracle", "annotations"]
+TEACHER_KINDS: tuple[str, ...] = TeacherKind.__args__
+
+
 class TeacherConfig(ModelConfig):
     # oracle: the toy world's ground truth; annotations: the corpus's own annotations (LoCoMo's
     # observations and events, data_gen/annotations.py); neither calls a model
-    kind: Literal["openai", "oracle", "annotations"] = "openai"
+    kind: TeacherKind = "openai"
     model: str = "gpt-4.1"
     api_key_env: str | None = "OPENAI_API_KEY"
     max_tokens: int = Field(2048, ge=1)

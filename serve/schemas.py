@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from dimmem.contract.records import MEMORY_TYPES, MemoryRecord, QueryParse
+from dimmem.contract.records import MEMORY_TYPES, UPDATABLE_FIELDS, MemoryRecord, QueryParse
+from dimmem.runtime.stores.log import STATUSES
 
 NAME_PATTERN = r"^[A-Za-z0-9_.@:\-]+$"
 MAX_RECORD_ID = 512  # a conversation id (<= 200) + "/<window id>#m<n>", with room to spare
@@ -25,7 +26,7 @@ Span = Annotated[
     ),
 ]
 Text = Annotated[str, Field(min_length=1, max_length=500)]
-Status = Literal["active", "superseded", "merged", "deleted"]
+Status = Literal[STATUSES]  # type: ignore[valid-type]
 # HISTORY: stored as the history of a later record (superseded by it: dimmem.runtime.update)
 Action = Literal["ADD", "KEEP_BOTH", "MERGE", "SUPERSEDE", "HISTORY", "UNCHANGED"]
 
@@ -81,9 +82,9 @@ def _no_null_default(schema: dict) -> None:
             del prop["default"]
 
 
-# what a PATCH may change: every contract field but the pointer and its speaker, each with the service's
-# size limit (a record's content, a dimension, a keyword list)
-_UPDATABLE = {
+# what a PATCH may change (the contract's UPDATABLE_FIELDS), each with the service's size limit (a
+# record's content, a dimension, a keyword list)
+_LIMITS = {
     "content": {"min_length": 1, "max_length": 10_000},
     "type": {},
     "time": {"max_length": 40},
@@ -116,7 +117,7 @@ UpdateRequest = create_model(
     "UpdateRequest",
     __base__=_Update,
     __doc__=_Update.__doc__,
-    **{name: _updatable(name, limits) for name, limits in _UPDATABLE.items()},
+    **{name: _updatable(name, _LIMITS[name]) for name in UPDATABLE_FIELDS},
 )
 
 

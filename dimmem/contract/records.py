@@ -49,6 +49,8 @@ class MemoryRecord(_Strict):
 MEMORY_FIELDS: tuple[str, ...] = tuple(
     MemoryRecord.model_fields
 )  # what a model writes; the pipeline adds the rest
+# what a stored record's new version may change: all but the pointer and its speaker (who said it)
+UPDATABLE_FIELDS: tuple[str, ...] = tuple(f for f in MEMORY_FIELDS if f not in ("source_turns", "speaker"))
 DIMENSIONS: tuple[str, ...] = tuple(
     name
     for name, info in MemoryRecord.model_fields.items()

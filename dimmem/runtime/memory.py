@@ -58,11 +58,10 @@ import numpy as np
 
 from dimmem.config import validate_config
 from dimmem.contract.conversation import Conversation
-from dimmem.contract.records import MEMORY_TYPES
+from dimmem.contract.records import MEMORY_FIELDS, MEMORY_TYPES, UPDATABLE_FIELDS
 from dimmem.contract.timespan import parse_span
 from dimmem.contract.validate import TurnScope, validate
 from dimmem.runtime.config import MemoryConfig, load_memory_config
-from dimmem.runtime.consolidate import MEMORY_FIELDS
 from dimmem.runtime.embed import Batcher, TextEncoder
 from dimmem.runtime.extractors import Extractor
 from dimmem.runtime.ingest import Extraction, Ingest, parse_messages
@@ -70,7 +69,7 @@ from dimmem.runtime.retrieval import Hit
 from dimmem.runtime.search import Searcher, SearchFilters
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
-from dimmem.runtime.stores.log import RESTORABLE, STATUSES_LEFT
+from dimmem.runtime.stores.log import RESTORABLE, STATUSES, STATUSES_LEFT
 from dimmem.runtime.update import UpdatePath
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
@@ -105,7 +104,6 @@ class Page:
     next_cursor: str | None = None
 
 
-STATUSES = ("active", "superseded", "merged", "deleted")
 FILTERS = ("type", "status", "conversation_id", "time")
 
 
@@ -271,11 +269,11 @@ class Memory:
     def update(self, memory_id: str, *, user_id: str, **fields) -> dict:
         """A new version of an active record with the given fields changed (the old one stays in its
         history). KeyError: no such record; RecordStateError: not active; ValueError: invalid fields."""
-        unknown = set(fields) - set(MEMORY_FIELDS)
+        unknown = set(fields) - set(UPDATABLE_FIELDS)
         if unknown:
-            raise ValueError(f"cannot update {sorted(unknown)}; fields are {list(MEMORY_FIELDS)}")
+            raise ValueError(f"cannot update {sorted(unknown)}; fields are {list(UPDATABLE_FIELDS)}")
         if not fields:
-            raise ValueError(f"no field to update; fields are {list(MEMORY_FIELDS)}")
+            raise ValueError(f"no field to update; fields are {list(UPDATABLE_FIELDS)}")
         for _ in range(10):
             current = self._active(user_id, memory_id, "updated")
             revised = {**{k: current[k] for k in MEMORY_FIELDS}, **fields}

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from dimmem.contract.records import MEMORY_TYPES
-from dimmem.runtime.memory import STATUSES
+from dimmem.runtime.stores.log import STATUSES
 from inspector.routes.home import Inspector
 from inspector.store import MemoryStore
 

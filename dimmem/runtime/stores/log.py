@@ -32,6 +32,7 @@ from dimmem.runtime.stores.indexes import open_indexes
 from dimmem.runtime.stores.lookup import Lookup
 
 STATUSES_LEFT = ("superseded", "merged", "deleted")  # what an active record can become
+STATUSES = ("active", *STATUSES_LEFT)
 RESTORABLE = "deleted, superseded or merged"  # every one of them: `restore` undoes each
 _SELECT = ", ".join(f'"{c}"' for c in schema.COLUMNS)  # (quoted: `time` is a keyword in Postgres)
 _VALUES = ", ".join("?" * len(schema.COLUMNS))
