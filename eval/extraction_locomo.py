@@ -174,19 +174,7 @@ def score_conversation(
     for session, n in emitted.items():
         count[session]["emitted"] += n
 
-    # pointers: distinct evidence turns, each with the speakers a record may cite it under
-    accepted: dict[str, set[str]] = defaultdict(set)
-    for g in gold.observations:
-        for turn in g.evidence:
-            accepted[turn] |= g.speakers
-    cited = {(r["speaker"], t) for r in records for t in r["source_turns"]}
-    for speaker, turn in cited:
-        count[session_of[turn]]["pointer_cited"] += 1
-        count[session_of[turn]]["pointer_correct"] += speaker in accepted.get(turn, ())
-    for turn, speakers in accepted.items():
-        count[session_of[turn]]["pointer_gold"] += 1
-        count[session_of[turn]]["pointer_found"] += any((s, turn) in cited for s in speakers)
-
+    _count_pointers(count, gold, records, session_of)
     record_vectors = vectors([r["content"] for r in records]) if records else None
     for kind, items in (("observations", gold.observations), ("events", gold.events)):
         for g in items:
@@ -235,6 +223,23 @@ def score_conversation(
                 if name == "fact":
                     _count_dimensions(count[items[i].session], items[i], records[j])
     return score
+
+
+def _count_pointers(
+    count: dict[str, Counter], gold: ConversationGold, records: list[dict], session_of
+) -> None:
+    """Pointers, turn level: distinct evidence turns, each with the speakers a record may cite it under."""
+    accepted: dict[str, set[str]] = defaultdict(set)
+    for g in gold.observations:
+        for turn in g.evidence:
+            accepted[turn] |= g.speakers
+    cited = {(r["speaker"], t) for r in records for t in r["source_turns"]}
+    for speaker, turn in cited:
+        count[session_of[turn]]["pointer_cited"] += 1
+        count[session_of[turn]]["pointer_correct"] += speaker in accepted.get(turn, ())
+    for turn, speakers in accepted.items():
+        count[session_of[turn]]["pointer_gold"] += 1
+        count[session_of[turn]]["pointer_found"] += any((s, turn) in cited for s in speakers)
 
 
 def _count_dimensions(count: Counter, gold: Gold, record: dict) -> None:
@@ -430,29 +435,11 @@ class _Vectors:
 
 def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
     """Window, extract, score and write the run folder; returns metrics.json's content."""
-    from dimmem.contract.formats import extract_format
-    from dimmem.contract.loaders.locomo import load_locomo
-    from dimmem.contract.prompts import extract_messages, extract_prompt_counter
-    from dimmem.contract.tokens import load_tokenizer
-    from dimmem.contract.windows import window_conversations
-    from dimmem.paths import cache_dir, shared_data
-    from dimmem.runtime.embed import default_model_path, make_embedder
+    from dimmem.contract.prompts import extract_messages
+    from dimmem.runtime.embed import make_embedder
 
-    bench = cfg.locomo
-    input_path = Path(bench.input) if bench.input else shared_data("locomo/locomo10.json")
-    everything = load_locomo(input_path)
-    conversations = select(everything, bench.conversations)
-    unannotated = [c.id for c in conversations if not c.metadata.get("observation")]
-    if unannotated:
-        raise ValueError(
-            f"{input_path}: {', '.join(unannotated)} carry no `observation` annotations, the benchmark's gold"
-        )
-    w = bench.windows
-    render = extract_format(cfg.extractor_format).messages
-    counter = extract_prompt_counter(w.tokenizer, render=render) if w.max_tokens else None
-    windows = window_conversations(conversations, w.window, w.overlap, w.max_tokens, counter)
+    input_path, everything, conversations, windows = benchmark_windows(cfg)
     out.mkdir(parents=True, exist_ok=True)
-
     start = time.perf_counter()
     if cfg.extractor or cfg.labels:
         predictions, source, model = _answers(cfg, windows)
@@ -466,15 +453,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
 
     scored = score_windows(windows, predictions)
     vectors = _Vectors(make_embedder())
-    if bench.thresholds is not None:
-        fitted = None
-        thresholds = {c.id: bench.thresholds.model_dump() for c in conversations}
-    else:
-        from eval.locomo_gold import calibrate
-
-        fitted = calibrate(input_path, everything, vectors, default_model_path(), cache_dir())
-        thresholds = {c.id: {m: fitted[m]["held_out"][c.id] for m in MEASURES} for c in conversations}
-
+    fitted, thresholds = fit_or_given(cfg.locomo, input_path, everything, conversations, vectors)
     golds = {c.id: conversation_gold(c) for c in conversations}
     by_conversation: dict[str, list[dict]] = defaultdict(list)
     emitted: dict[str, Counter] = defaultdict(Counter)
@@ -483,14 +462,89 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         emitted[s.window.conversation_id][s.window.new[0].session_id] += s.emitted
     scores = {
         c.id: score_conversation(
-            c, golds[c.id], by_conversation[c.id], emitted[c.id], vectors, thresholds[c.id], bench
+            c, golds[c.id], by_conversation[c.id], emitted[c.id], vectors, thresholds[c.id], cfg.locomo
         )
         for c in conversations
     }
-    tokenizer = load_tokenizer(bench.tokenizer or str(shared_data("qwen3-tokenizer")))
-    stats = format_stats(scored, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    fresh = [p for p in predictions.values() if not p.cached] if source in ("hf", "endpoint") else []
+    metrics = {
+        "benchmark": "locomo",
+        **score_metrics(cfg.locomo, scores, golds, thresholds),
+        **format_stats(scored, _token_counter(cfg.locomo)),
+        "conversations": [c.id for c in conversations],
+        "thresholds": {
+            "measures": {m: sorted({t[m] for t in thresholds.values()}) for m in MEASURES},
+            "fitted": fitted,
+            "given": cfg.locomo.thresholds is not None,
+        },
+        "unknown_evidence": [u for g in golds.values() for u in g.unknown_evidence],
+        **speed(fresh, wall),
+        "run": run_info(cfg, out, input_path, source, model),
+    }
+    _write_windows(out, scored, golds, scores)
+    matches = {cid: s.matches.get("fact", {}) for cid, s in scores.items()}
+    write_sample(out, conversations, golds, by_conversation, matches, vectors, thresholds, cfg.locomo.sample)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    from eval.report import plot_locomo, write_locomo_report
 
+    plot_locomo(metrics, out)
+    write_locomo_report(metrics, out)
+    return metrics
+
+
+def benchmark_windows(
+    cfg: ExtractionRun,
+) -> tuple[Path, list[Conversation], list[Conversation], list[Window]]:
+    """(input file, all its conversations, the ones scored, their windows) of a LoCoMo run."""
+    from dimmem.contract.formats import extract_format
+    from dimmem.contract.loaders.locomo import load_locomo
+    from dimmem.contract.prompts import extract_prompt_counter
+    from dimmem.contract.windows import window_conversations
+    from dimmem.paths import shared_data
+
+    bench = cfg.locomo
+    input_path = Path(bench.input) if bench.input else shared_data("locomo/locomo10.json")
+    everything = load_locomo(input_path)
+    conversations = select(everything, bench.conversations)
+    unannotated = [c.id for c in conversations if not c.metadata.get("observation")]
+    if unannotated:
+        raise ValueError(
+            f"{input_path}: {', '.join(unannotated)} carry no `observation` annotations, the benchmark's gold"
+        )
+    w = bench.windows
+    render = extract_format(cfg.extractor_format).messages
+    counter = extract_prompt_counter(w.tokenizer, render=render) if w.max_tokens else None
+    return (
+        input_path,
+        everything,
+        conversations,
+        window_conversations(conversations, w.window, w.overlap, w.max_tokens, counter),
+    )
+
+
+def fit_or_given(
+    bench: LocomoExtraction,
+    input_path: Path,
+    everything: list[Conversation],
+    scored: list[Conversation],
+    vectors,
+) -> tuple[dict | None, dict[str, dict[str, float]]]:
+    """(the fit, or None when the config gives them; each scored conversation's thresholds)."""
+    if bench.thresholds is not None:
+        return None, {c.id: bench.thresholds.model_dump() for c in scored}
+    from dimmem.paths import cache_dir
+    from dimmem.runtime.embed import default_model_path
+    from eval.locomo_gold import calibrate
+
+    fitted = calibrate(input_path, everything, vectors, default_model_path(), cache_dir())
+    return fitted, {c.id: {m: fitted[m]["held_out"][c.id] for m in MEASURES} for c in scored}
+
+
+def score_metrics(bench: LocomoExtraction, scores: dict, golds: dict, thresholds: dict) -> dict:
+    """The ratios over every session with their intervals, the threshold sweep, the counts, and the same
+    per conversation."""
     units = [counts for s in scores.values() for counts in s.counts.values()]
+    totals = sum(units, Counter())
     per_conversation = {
         cid: {
             **ratios(sum(s.counts.values(), Counter())),
@@ -502,60 +556,50 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         }
         for cid, s in scores.items()
     }
-    totals = sum(units, Counter())
-    fresh = [p for p in predictions.values() if not p.cached] if source in ("hf", "endpoint") else []
-    metrics = {
-        "benchmark": "locomo",
+    return {
         **ratios(totals),
         "ci": bootstrap(units, bench.bootstrap),
         "sensitivity": sensitivity(totals, bench),
         "counts": dict(sorted(totals.items())),
-        **stats,
-        "conversations": [c.id for c in conversations],
         "sessions": len(units),
         "per_conversation": per_conversation,
-        "thresholds": {
-            "measures": {m: sorted({t[m] for t in thresholds.values()}) for m in MEASURES},
-            "fitted": fitted,
-            "given": bench.thresholds is not None,
-        },
-        "unknown_evidence": [u for g in golds.values() for u in g.unknown_evidence],
+    }
+
+
+def _token_counter(bench: LocomoExtraction) -> Callable[[str], int]:
+    from dimmem.contract.tokens import load_tokenizer
+    from dimmem.paths import shared_data
+
+    tokenizer = load_tokenizer(bench.tokenizer or str(shared_data("qwen3-tokenizer")))
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def speed(fresh: list[Prediction], wall: float) -> dict:
+    """What the model did in this run (answers not from its cache): windows and output tokens a second."""
+    return {
         "generated_windows": len(fresh),  # asked of the model in this run (not answered from its cache)
         "windows_per_s": len(fresh) / wall if fresh and wall else None,
-        "output_tokens_per_s": (sum(p.completion_tokens or 0 for p in fresh) / wall)
+        "output_tokens_per_s": sum(p.completion_tokens or 0 for p in fresh) / wall
         if fresh and wall
         else None,
-        "run": {
-            "name": out.name,
-            "benchmark": "locomo",
-            "input": str(input_path),
-            "source": source,
-            "model": model,
-            "constrained": bool(cfg.model and cfg.model.structured_outputs),
-            "max_tokens": cfg.max_tokens,
-            "extractor_format": cfg.extractor_format,
-            "windows": w.model_dump(),
-            "event_days": bench.event_days,
-            "bootstrap": bench.bootstrap,
-        },
     }
-    _write_windows(out, scored, golds, scores)
-    write_sample(
-        out,
-        conversations,
-        golds,
-        by_conversation,
-        {cid: s.matches.get("fact", {}) for cid, s in scores.items()},
-        vectors,
-        thresholds,
-        bench.sample,
-    )
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    from eval.report import plot_locomo, write_locomo_report
 
-    plot_locomo(metrics, out)
-    write_locomo_report(metrics, out)
-    return metrics
+
+def run_info(cfg: ExtractionRun, out: Path, input_path: Path, source: str, model: str) -> dict:
+    bench = cfg.locomo
+    return {
+        "name": out.name,
+        "benchmark": "locomo",
+        "input": str(input_path),
+        "source": source,
+        "model": model,
+        "constrained": bool(cfg.model and cfg.model.structured_outputs),
+        "max_tokens": cfg.max_tokens,
+        "extractor_format": cfg.extractor_format,
+        "windows": bench.windows.model_dump(),
+        "event_days": bench.event_days,
+        "bootstrap": bench.bootstrap,
+    }
 
 
 def _write_windows(out: Path, scored: list[ScoredWindow], golds: dict, scores: dict) -> None:

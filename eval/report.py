@@ -284,6 +284,19 @@ def _dimension_rows(metrics: dict) -> list[str]:
     return lines
 
 
+def _conversation_rows(metrics: dict) -> list[str]:
+    lines = [
+        "| conversation | observations | records | pointer F1 | fact recall | fact precision "
+        "| event recall |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cid, c in metrics["per_conversation"].items():
+        cells = [str(c["observations"]), str(c["records"]), _fmt(c["pointer_f1"])]
+        cells += [_with_ci(c, key) for key in ("fact_recall", "fact_precision", "event_recall")]
+        lines.append(f"| {cid} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_locomo_report(metrics: dict, out: Path) -> Path:
     run, thresholds, counts = metrics["run"], metrics["thresholds"], metrics["counts"]
     how = (
@@ -346,15 +359,7 @@ def write_locomo_report(metrics: dict, out: Path) -> Path:
         "",
         "Per conversation (fact: cosine, content only):",
         "",
-        "| conversation | observations | records | pointer F1 | fact recall | fact precision "
-        "| event recall |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for cid, c in metrics["per_conversation"].items():
-        cells = [str(c["observations"]), str(c["records"]), _fmt(c["pointer_f1"])]
-        cells += [_with_ci(c, key) for key in ("fact_recall", "fact_precision", "event_recall")]
-        lines.append(f"| {cid} | " + " | ".join(cells) + " |")
-    lines += [
+        *_conversation_rows(metrics),
         "",
         "What the gold cannot say: LoCoMo's observations carry no type, so type is not scored. Observations "
         "are incomplete: a true memory they do not list counts against precision, which is therefore a lower "
