@@ -167,6 +167,32 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
     started = time.monotonic()
     out = Path(cfg.out)
     conversations, world = load_source(cfg)
+    teacher, outcomes = label_source(cfg, conversations, world, show_progress, http_client)
+    report = run_report(cfg, teacher, outcomes, conversations, started)
+    dataset = build_dataset(
+        outcomes, teacher.model, cfg.split.validation, cfg.split.test, cfg.split.seed, group=base_id
+    )
+    prompts = sorted({o.job.prompt.id for o in outcomes})
+    card = dataset_card(
+        dataset,
+        report,
+        cfg.source.format,
+        cfg.source.input,
+        cfg.license,
+        teacher.model,
+        prompts,
+        quarantine_reasons(outcomes),
+    )
+    write_outputs(out, dataset, outcomes, report, card)
+    return report
+
+
+def label_source(
+    cfg: DatagenConfig, conversations: list[Conversation], world, show_progress: bool, http_client
+):
+    """The teacher and every job's outcome: the windows and queries first, then the consolidation pairs
+    drawn from the records the windows gave."""
+    out = Path(cfg.out)
     count_tokens = None
     if cfg.windows.max_tokens:
         from dimmem.contract.prompts import extract_prompt_counter
@@ -199,7 +225,14 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
     finally:
         jobs_store.close()
         cache.close()
+    return teacher, outcomes
 
+
+def run_report(
+    cfg: DatagenConfig, teacher, outcomes: list[Outcome], conversations: list[Conversation], started: float
+) -> dict:
+    """report.json: the outcomes by status and task, the teacher's usage and cost, its coverage where it
+    has one, and the held-out check."""
     usage = teacher.usage
     status = Counter(o.status for o in outcomes)
     n_windows = sum(o.job.task == "extract" for o in outcomes)
@@ -229,19 +262,4 @@ def run(cfg: DatagenConfig, show_progress: bool = True, http_client=None) -> dic
         report["coverage"] = teacher.coverage(outcomes)
     if (check := held_out(cfg, conversations)) is not None:
         report["held_out"] = check
-    dataset = build_dataset(
-        outcomes, teacher.model, cfg.split.validation, cfg.split.test, cfg.split.seed, group=base_id
-    )
-    prompts = sorted({o.job.prompt.id for o in outcomes})
-    card = dataset_card(
-        dataset,
-        report,
-        cfg.source.format,
-        cfg.source.input,
-        cfg.license,
-        teacher.model,
-        prompts,
-        quarantine_reasons(outcomes),
-    )
-    write_outputs(out, dataset, outcomes, report, card)
     return report

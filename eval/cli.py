@@ -37,11 +37,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from dimmem.contract.formats import ExtractFormatName
-
     sub = parser.add_subparsers(
         dest="eval_command", required=True, metavar="{retrieval,extraction,qa,compare}"
     )
+    _add_retrieval_arguments(sub)
+    _add_extraction_arguments(sub)
+    _add_qa_arguments(sub)
+    _add_compare_arguments(sub)
+
+
+def _add_retrieval_arguments(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("retrieval", help="LLM-free evidence recall@k and MRR per retrieval path")
     _common(p)
     p.add_argument("--benchmark", choices=["locomo", "toy"])
@@ -61,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="toy: NAME=MODEL_DIR, a local model whose extracted records are a memory set too (repeatable)",
     )
     p.add_argument("--out", help="write the results as JSON here")
+
+
+def _add_extraction_arguments(sub: argparse._SubParsersAction) -> None:
+    from dimmem.contract.formats import ExtractFormatName
 
     x = sub.add_parser(
         "extraction",
@@ -109,6 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     x.add_argument("--limit", type=int, help="at most this many windows")
     x.add_argument("--out", help="run folder (metrics.json, report.md, plots, cache)")
 
+
+def _add_qa_arguments(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser(
         "qa", help="end-to-end memory QA: ingest, retrieve, answer, judge (LoCoMo, LongMemEval)"
     )
@@ -136,6 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--judge-max-tokens", type=int, help="the judge's token budget (default 256)")
     q.add_argument("--out", help="run folder (metrics.json, answers.jsonl, cache, store)")
 
+
+def _add_compare_arguments(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compare", help="two extraction runs side by side, with deltas")
     c.add_argument("run_a")
     c.add_argument("run_b")

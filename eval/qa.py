@@ -28,6 +28,7 @@ import time
 from collections import Counter, defaultdict
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import yaml
@@ -172,72 +173,19 @@ def run_qa(
     out.mkdir(parents=True, exist_ok=True)
     conversations = load_conversations(benchmark, input_path)
     by_conversation = label_memories(labels) if labels else None
-    rows, search_seconds, ingested = [], [], 0
     todo = [(conv, q) for conv in conversations for q in questions(conv, benchmark, categories)][:limit]
     needed = list(dict.fromkeys(conv.id for conv, _ in todo))
-    for conv in progress(
-        [c for c in conversations if c.id in needed and not full_context],
-        desc="ingesting",
-        unit="conv",
-    ):
-        if memory.store.conversations.has_turns(conv.id):
-            continue  # already in the store from an earlier (interrupted) run
-        if by_conversation is not None:
-            memory.add_records(by_conversation.get(conv.id, []), user_id=conv.id, conversation=conv)
-        else:
-            memory.add(conv, user_id=conv.id)
-        ingested += 1
-    template = prompts()
+    ingested = ingest(
+        memory, [] if full_context else [c for c in conversations if c.id in needed], by_conversation
+    )
+    rows, search_seconds = [], []
     for run, (conv, q) in progress(
         [(r, item) for r in range(runs) for item in todo], desc="answering", unit="question"
     ):
-        salt = run or None  # run 0 is the request a single run makes (its cache entries stay valid)
-        if full_context:
-            # the whole conversation, each turn listed as a raw-turn memory is
-            memories, assistant, hits, recall = [context_line(r) for r in turn_records(conv)], [], [], False
-        else:
-            start = time.perf_counter()
-            result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
-            search_seconds.append(time.perf_counter() - start)
-            memories = [context_line(h.record) for h in result.hits]
-            assistant = [reply_line(t) for t in result.assistant_context]
-            hits, recall = (
-                [h.record["id"] for h in result.hits],
-                bool(result.query.get("need_assistant_context")),
-            )
-        messages = template["answer"].render(
-            memories=memories, assistant=assistant, question=q["question"], today=human_date(q["reference"])
-        )
-        given = ask(answer, q["id"], messages, 128, salt)
-        given_text = given.text.strip()
-        criterion = template["criteria"].get(q["category"], "") if benchmark == "longmemeval" else ""
-        judged = judge_answer(
-            judge,
-            q["id"],
-            template["judge"].render(
-                question=q["question"], gold=q["gold"], answer=given_text, criterion=criterion
-            ),
-            judge_max_tokens,
-            salt,
-        )
-        rows.append(
-            {
-                **q,
-                "run": run,
-                "answer": given_text,
-                "judgment": judged["verdict"] or judged["judge_replies"][-1],
-                "judge_replies": judged["judge_replies"],
-                "judge_failed": judged["judge_failed"],
-                "correct": judged["verdict"] == "CORRECT",
-                "f1": token_f1(given_text, q["gold"]),
-                "bleu1": bleu1(given_text, q["gold"]),
-                "context_words": sum(len(line.split()) for line in memories + assistant),
-                "answer_prompt_tokens": given.input_tokens,
-                "assistant_recall": recall,
-                "answer_seconds": given.seconds,
-                "hits": hits,
-            }
-        )
+        context = answer_context(memory, conv, q, k, full_context)
+        if context.search_seconds is not None:
+            search_seconds.append(context.search_seconds)
+        rows.append(answer_and_judge(answer, judge, benchmark, q, run, context, judge_max_tokens))
     with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     metrics = summarize(rows, search_seconds)
@@ -253,6 +201,95 @@ def run_qa(
     )
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def ingest(memory: Memory, conversations: list, by_conversation: dict | None) -> int:
+    """Stores each conversation not stored yet, from its labels when given (else through the extractor);
+    returns how many were ingested now."""
+    ingested = 0
+    for conv in progress(conversations, desc="ingesting", unit="conv"):
+        if memory.store.conversations.has_turns(conv.id):
+            continue  # already in the store from an earlier (interrupted) run
+        if by_conversation is not None:
+            memory.add_records(by_conversation.get(conv.id, []), user_id=conv.id, conversation=conv)
+        else:
+            memory.add(conv, user_id=conv.id)
+        ingested += 1
+    return ingested
+
+
+class AnswerContext(NamedTuple):
+    """What the answer prompt is given for one question, and how it was found."""
+
+    memories: list[str]
+    assistant: list[str]  # the assistant's replies the hits point at
+    hits: list[str]  # record ids, best first
+    assistant_recall: bool  # the parsed query asked for what the assistant said
+    search_seconds: float | None  # None: no search (full context)
+
+
+def answer_context(memory: Memory, conv, q: dict, k: int, full_context: bool) -> AnswerContext:
+    """The whole conversation, each turn listed as a raw-turn memory is, or what `Memory.search` returns."""
+    if full_context:
+        return AnswerContext([context_line(r) for r in turn_records(conv)], [], [], False, None)
+    start = time.perf_counter()
+    result = memory.search(q["question"], user_id=conv.id, k=k, reference_date=q["reference"])
+    seconds = time.perf_counter() - start
+    return AnswerContext(
+        [context_line(h.record) for h in result.hits],
+        [reply_line(t) for t in result.assistant_context],
+        [h.record["id"] for h in result.hits],
+        bool(result.query.get("need_assistant_context")),
+        seconds,
+    )
+
+
+def answer_and_judge(
+    answer: ModelClient,
+    judge: ModelClient,
+    benchmark: str,
+    q: dict,
+    run: int,
+    context: AnswerContext,
+    judge_max_tokens: int,
+) -> dict:
+    """One question's row in answers.jsonl: the answer from the context, its verdict and its scores."""
+    template = prompts()
+    salt = run or None  # run 0 is the request a single run makes (its cache entries stay valid)
+    messages = template["answer"].render(
+        memories=context.memories,
+        assistant=context.assistant,
+        question=q["question"],
+        today=human_date(q["reference"]),
+    )
+    given = ask(answer, q["id"], messages, 128, salt)
+    given_text = given.text.strip()
+    criterion = template["criteria"].get(q["category"], "") if benchmark == "longmemeval" else ""
+    judged = judge_answer(
+        judge,
+        q["id"],
+        template["judge"].render(
+            question=q["question"], gold=q["gold"], answer=given_text, criterion=criterion
+        ),
+        judge_max_tokens,
+        salt,
+    )
+    return {
+        **q,
+        "run": run,
+        "answer": given_text,
+        "judgment": judged["verdict"] or judged["judge_replies"][-1],
+        "judge_replies": judged["judge_replies"],
+        "judge_failed": judged["judge_failed"],
+        "correct": judged["verdict"] == "CORRECT",
+        "f1": token_f1(given_text, q["gold"]),
+        "bleu1": bleu1(given_text, q["gold"]),
+        "context_words": sum(len(line.split()) for line in context.memories + context.assistant),
+        "answer_prompt_tokens": given.input_tokens,
+        "assistant_recall": context.assistant_recall,
+        "answer_seconds": given.seconds,
+        "hits": context.hits,
+    }
 
 
 def summarize(rows: list[dict], search_seconds: list[float]) -> dict:

@@ -22,6 +22,7 @@ import hmac
 import json
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from starlette.routing import BaseRoute, Match
 
@@ -56,6 +57,69 @@ class _Stop(Exception):
     """The guard answered mid-body; whatever the app does with this is dropped."""
 
 
+class _Refusal(NamedTuple):
+    """The guard's answer to a request head it refuses."""
+
+    status: int
+    detail: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class _Exchange:
+    """One request through the guard: the app's receive and send wrapped, so the body is counted against
+    the size and time limits as the app reads it, and the status sent (the guard's or the app's) is known
+    for the metrics."""
+
+    def __init__(self, config, receive, send, start: float) -> None:
+        self.config, self._receive, self._send = config, receive, send
+        self.deadline = start + config.max_body_seconds
+        self.status: int | None = None
+        self.answered = False  # the guard has answered: the app's own answer is dropped
+        self.received, self.body_done = 0, False
+
+    async def reply(self, code: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self.answered, self.status = True, code
+        body = json.dumps({"detail": detail}).encode()
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": code,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *headers,
+                ],
+            }
+        )
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def send(self, message) -> None:
+        if self.answered:  # the guard has said 413/408
+            return
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+    async def receive(self):
+        if self.body_done:  # waiting for a disconnect, say: no deadline
+            return await self._receive()
+        config = self.config
+        try:
+            message = await asyncio.wait_for(self._receive(), max(self.deadline - time.perf_counter(), 0.001))
+        except TimeoutError:
+            if self.status is None:
+                await self.reply(408, f"request body not complete within {config.max_body_seconds:g} s")
+            raise _Stop from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.body_done = not message.get("more_body", False)
+            if self.received > config.max_body_bytes:
+                if self.status is None:
+                    await self.reply(413, f"request body over {config.max_body_bytes} bytes")
+                raise _Stop
+        return message
+
+
 class Guard:
     def __init__(self, app, *, state, routes: Iterable[BaseRoute]) -> None:
         self.app, self.state, self.routes = app, state, routes
@@ -64,86 +128,46 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        config, start = self.state.config, time.perf_counter()
-        status: int | None = None
-        answered = False
-
-        async def reply(code: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-            nonlocal status, answered
-            answered, status = True, code
-            body = json.dumps({"detail": detail}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": code,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        *headers,
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-
-        async def guarded_send(message) -> None:
-            nonlocal status
-            if answered:  # the guard has said 413/408: the app's own answer is dropped
-                return
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        received, deadline, body_done = 0, start + config.max_body_seconds, False
-
-        async def guarded_receive():
-            nonlocal received, body_done
-            if body_done:  # waiting for a disconnect, say: no deadline
-                return await receive()
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.perf_counter(), 0.001))
-            except TimeoutError:
-                if status is None:
-                    await reply(408, f"request body not complete within {config.max_body_seconds:g} s")
-                raise _Stop from None
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                body_done = not message.get("more_body", False)
-                if received > config.max_body_bytes:
-                    if status is None:
-                        await reply(413, f"request body over {config.max_body_bytes} bytes")
-                    raise _Stop
-            return message
-
+        start = time.perf_counter()
+        exchange = _Exchange(self.state.config, receive, send, start)
         try:
-            headers = dict(scope["headers"])  # the last of a repeated header
-            authorizations = sum(name == b"authorization" for name, _ in scope["headers"])
-            url_bytes = len(scope.get("raw_path") or scope["path"].encode()) + len(scope["query_string"])
-            declared = headers.get(b"content-length")
-            header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
-            if url_bytes > config.max_url_bytes:
-                await reply(414, f"URL over {config.max_url_bytes} bytes")
-            elif header_bytes > config.max_header_bytes:
-                await reply(431, f"request headers over {config.max_header_bytes} bytes")
-            elif authorizations > 1:
-                await reply(400, f"{authorizations} Authorization headers; at most one")
-            elif scope["path"] not in PUBLIC and (
-                caller(headers.get(b"authorization", b"").decode("latin-1"), self.state.callers) is None
-            ):
-                await reply(401, "missing or unknown API key", [(b"www-authenticate", b"Bearer")])
-            elif declared is not None and (not declared.isdigit() or int(declared) > config.max_body_bytes):
-                await reply(413, f"request body over {config.max_body_bytes} bytes")
+            if (refusal := self._refusal(scope)) is not None:
+                await exchange.reply(*refusal)
             else:
-                await self.app(scope, guarded_receive, guarded_send)
+                await self.app(scope, exchange.receive, exchange.send)
         except _Stop:
             pass
         except Exception:
-            if not answered:
+            if not exchange.answered:
                 raise
         finally:
             route = scope.get("route")
             path = route.path if route is not None else self._template(scope)
-            self.state.metrics.requests.labels(path, str(status or 500)).inc()
+            self.state.metrics.requests.labels(path, str(exchange.status or 500)).inc()
             self.state.metrics.latency.labels(path).observe(time.perf_counter() - start)
+
+    def _refusal(self, scope) -> _Refusal | None:
+        """What the request's head alone is refused with, the first check it fails in the order of the
+        module's docstring; None: the app runs."""
+        config = self.state.config
+        headers = dict(scope["headers"])  # the last of a repeated header
+        authorizations = sum(name == b"authorization" for name, _ in scope["headers"])
+        url_bytes = len(scope.get("raw_path") or scope["path"].encode()) + len(scope["query_string"])
+        declared = headers.get(b"content-length")
+        header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+        if url_bytes > config.max_url_bytes:
+            return _Refusal(414, f"URL over {config.max_url_bytes} bytes")
+        if header_bytes > config.max_header_bytes:
+            return _Refusal(431, f"request headers over {config.max_header_bytes} bytes")
+        if authorizations > 1:
+            return _Refusal(400, f"{authorizations} Authorization headers; at most one")
+        if scope["path"] not in PUBLIC and (
+            caller(headers.get(b"authorization", b"").decode("latin-1"), self.state.callers) is None
+        ):
+            return _Refusal(401, "missing or unknown API key", ((b"www-authenticate", b"Bearer"),))
+        if declared is not None and (not declared.isdigit() or int(declared) > config.max_body_bytes):
+            return _Refusal(413, f"request body over {config.max_body_bytes} bytes")
+        return None
 
     def _template(self, scope) -> str:
         """The route template a request the guard refused would have reached ("unmatched": none)."""

@@ -325,105 +325,129 @@ def generate_dialogue(index: int, seed: int, sessions: int = 4, stories_per_sess
 
 
 def _story(w: _Writer, rng: random.Random, name: str, pron: str, listener: str, homes: dict) -> None:
+    """One thing `name` tells `listener`: the turns that state it, its records, and the listener's reply."""
     pos = "her" if pron == "she" else "his"
-    day = w.when.date()
     kind = rng.choice(["event", "event", "plan", "preference", "relative", "home"])
     if kind == "home":
-        city = rng.choice([c for c in CITIES if name not in homes or c != homes[name].location])
-        if name not in homes:
-            turn = w.say(name, f"I live in {city}, it's a nice place.")
-            homes[name] = w.record(
-                [turn], name, f"{name} lives in {city}.", "fact", [name, city, "home"], location=city
-            )
-        else:
-            old = homes[name]
-            phrase, iso = _relative(rng, day, future=False)
-            if old.time and parse_span(iso)[0] < parse_span(old.time)[0]:  # not before the move it follows
-                phrase, iso = "yesterday", (day - timedelta(days=1)).isoformat()
-            turn = w.say(name, f"Big news: I moved from {old.location} to {city} {phrase}!")
-            homes[name] = w.record(
-                [turn],
-                name,
-                f"{name} moved from {old.location} to {city} and now lives in {city}.",
-                "fact",
-                [name, city, "home"],
-                time=iso,
-                location=city,
-                supersedes=old.id,
-            )
-        w.say(listener, rng.choice(REPLIES))
+        _home_story(w, rng, name, listener, homes)
     elif kind == "event":
-        mine, theirs, keyword, places, reasons, purposes = rng.choice(EVENTS)
-        place, reason, purpose = rng.choice(places), rng.choice(reasons), rng.choice(purposes)
+        _event_story(w, rng, name, pron, pos, listener)
+    elif kind == "plan":
+        _plan_story(w, rng, name, pron, pos, listener)
+    elif kind == "preference":
+        _preference_story(w, rng, name, listener)
+    else:
+        _family_story(w, rng, name, listener)
+
+
+def _home_story(w: _Writer, rng: random.Random, name: str, listener: str, homes: dict) -> None:
+    """Where `name` lives, or, once known, a move to another city that supersedes it."""
+    day = w.when.date()
+    city = rng.choice([c for c in CITIES if name not in homes or c != homes[name].location])
+    if name not in homes:
+        turn = w.say(name, f"I live in {city}, it's a nice place.")
+        homes[name] = w.record(
+            [turn], name, f"{name} lives in {city}.", "fact", [name, city, "home"], location=city
+        )
+    else:
+        old = homes[name]
         phrase, iso = _relative(rng, day, future=False)
-        if rng.random() < 0.5:  # asked first: the memory comes from the answer
-            w.say(listener, rng.choice(["What have you been up to?", f"Anything new, {name}?"]))
-        text = f"I {mine}{f' at {place}' if place else ''} {phrase}"
-        text += f" because {reason}" if reason else ""
-        text += f", {purpose}" if purpose else ""
-        turn = w.say(name, text + ".")
-        when_text = _when_text(iso)
-        content = f"{name} {theirs}{f' at {place}' if place else ''} {when_text}"
-        content += f" because {_third(reason, pron, pos)}" if reason else ""
-        content += f", {_third(purpose, pron, pos)}" if purpose else ""
-        w.record(
+        if old.time and parse_span(iso)[0] < parse_span(old.time)[0]:  # not before the move it follows
+            phrase, iso = "yesterday", (day - timedelta(days=1)).isoformat()
+        turn = w.say(name, f"Big news: I moved from {old.location} to {city} {phrase}!")
+        homes[name] = w.record(
             [turn],
             name,
-            content + ".",
-            "episodic",
-            [name, keyword] + ([place] if place else []),
-            time=iso,
-            location=place,
-            reason=_third(reason, pron, pos),
-            purpose=_third(purpose, pron, pos),
-        )
-        w.say(listener, rng.choice(REPLIES))
-    elif kind == "plan":
-        mine, theirs, keyword, purposes = rng.choice(PLANS)
-        purpose = rng.choice(purposes)
-        phrase, iso = _relative(rng, day, future=True)
-        turn = w.say(name, f"I {mine} {phrase}" + (f" {purpose}" if purpose else "") + ".")
-        when_text = f"in {iso}" if len(iso) == 7 else f"on {iso}"
-        content = (
-            f"{name} {theirs.format(pos=pos)} {when_text}"
-            + (f" {_third(purpose, pron, pos)}" if purpose else "")
-            + "."
-        )
-        w.record(
-            [turn], name, content, "episodic", [name, keyword], time=iso, purpose=_third(purpose, pron, pos)
-        )
-        w.say(listener, rng.choice(["Good luck!", "Have fun!", "Exciting!"]))
-    elif kind == "preference":
-        said, content, keywords = rng.choice(PREFERENCES)
-        turn = w.say(name, said)
-        w.record([turn], name, content.format(name=name), "profile", [name, *keywords])
-        w.say(listener, rng.choice(["Same here!", "Really? I didn't know that.", "Ha, good to know."]))
-    else:  # a relative introduced, then referred to by pronoun in the next turn
-        relation, rel_pron = rng.choice(RELATIVES)
-        rel_name, job, city = rng.choice(RELATIVE_NAMES[rel_pron]), rng.choice(JOBS), rng.choice(CITIES)
-        phrase, iso = _relative(rng, day, future=False)
-        first = w.say(name, f"My {relation} {rel_name} came to visit {phrase}.")
-        w.record(
-            [first],
-            name,
-            f"{name}'s {relation} {rel_name} visited {name} {'in' if len(iso) == 7 else 'on'} {iso}.",
-            "episodic",
-            [name, rel_name, relation],
-            time=iso,
-        )
-        w.say(
-            listener,
-            rng.choice(["Oh, what does " + rel_pron + " do?", "Nice, is " + rel_pron + " still working?"]),
-        )
-        second = w.say(name, f"{rel_pron.capitalize()} works as {job} in {city} now.")
-        w.record(
-            [first, second],
-            name,
-            f"{name}'s {relation} {rel_name} works as {job} in {city}.",
+            f"{name} moved from {old.location} to {city} and now lives in {city}.",
             "fact",
-            [name, rel_name, job.split()[-1]],
+            [name, city, "home"],
+            time=iso,
             location=city,
+            supersedes=old.id,
         )
+    w.say(listener, rng.choice(REPLIES))
+
+
+def _event_story(w: _Writer, rng: random.Random, name: str, pron: str, pos: str, listener: str) -> None:
+    """A past event, with its place, reason and purpose when it has them."""
+    mine, theirs, keyword, places, reasons, purposes = rng.choice(EVENTS)
+    place, reason, purpose = rng.choice(places), rng.choice(reasons), rng.choice(purposes)
+    phrase, iso = _relative(rng, w.when.date(), future=False)
+    if rng.random() < 0.5:  # asked first: the memory comes from the answer
+        w.say(listener, rng.choice(["What have you been up to?", f"Anything new, {name}?"]))
+    text = f"I {mine}{f' at {place}' if place else ''} {phrase}"
+    text += f" because {reason}" if reason else ""
+    text += f", {purpose}" if purpose else ""
+    turn = w.say(name, text + ".")
+    when_text = _when_text(iso)
+    content = f"{name} {theirs}{f' at {place}' if place else ''} {when_text}"
+    content += f" because {_third(reason, pron, pos)}" if reason else ""
+    content += f", {_third(purpose, pron, pos)}" if purpose else ""
+    w.record(
+        [turn],
+        name,
+        content + ".",
+        "episodic",
+        [name, keyword] + ([place] if place else []),
+        time=iso,
+        location=place,
+        reason=_third(reason, pron, pos),
+        purpose=_third(purpose, pron, pos),
+    )
+    w.say(listener, rng.choice(REPLIES))
+
+
+def _plan_story(w: _Writer, rng: random.Random, name: str, pron: str, pos: str, listener: str) -> None:
+    """A plan for a day or a month ahead, with its purpose when it has one."""
+    mine, theirs, keyword, purposes = rng.choice(PLANS)
+    purpose = rng.choice(purposes)
+    phrase, iso = _relative(rng, w.when.date(), future=True)
+    turn = w.say(name, f"I {mine} {phrase}" + (f" {purpose}" if purpose else "") + ".")
+    when_text = f"in {iso}" if len(iso) == 7 else f"on {iso}"
+    content = (
+        f"{name} {theirs.format(pos=pos)} {when_text}"
+        + (f" {_third(purpose, pron, pos)}" if purpose else "")
+        + "."
+    )
+    w.record([turn], name, content, "episodic", [name, keyword], time=iso, purpose=_third(purpose, pron, pos))
+    w.say(listener, rng.choice(["Good luck!", "Have fun!", "Exciting!"]))
+
+
+def _preference_story(w: _Writer, rng: random.Random, name: str, listener: str) -> None:
+    """A lasting preference: a profile record."""
+    said, content, keywords = rng.choice(PREFERENCES)
+    turn = w.say(name, said)
+    w.record([turn], name, content.format(name=name), "profile", [name, *keywords])
+    w.say(listener, rng.choice(["Same here!", "Really? I didn't know that.", "Ha, good to know."]))
+
+
+def _family_story(w: _Writer, rng: random.Random, name: str, listener: str) -> None:
+    """A relative introduced, then referred to by pronoun in the next turn: the second record cites both."""
+    relation, rel_pron = rng.choice(RELATIVES)
+    rel_name, job, city = rng.choice(RELATIVE_NAMES[rel_pron]), rng.choice(JOBS), rng.choice(CITIES)
+    phrase, iso = _relative(rng, w.when.date(), future=False)
+    first = w.say(name, f"My {relation} {rel_name} came to visit {phrase}.")
+    w.record(
+        [first],
+        name,
+        f"{name}'s {relation} {rel_name} visited {name} {'in' if len(iso) == 7 else 'on'} {iso}.",
+        "episodic",
+        [name, rel_name, relation],
+        time=iso,
+    )
+    w.say(
+        listener,
+        rng.choice(["Oh, what does " + rel_pron + " do?", "Nice, is " + rel_pron + " still working?"]),
+    )
+    second = w.say(name, f"{rel_pron.capitalize()} works as {job} in {city} now.")
+    w.record(
+        [first, second],
+        name,
+        f"{name}'s {relation} {rel_name} works as {job} in {city}.",
+        "fact",
+        [name, rel_name, job.split()[-1]],
+        location=city,
+    )
 
 
 def _queries(records: list[TruthRecord], conv_id: str, reference: str) -> list[ToyQuery]:
