@@ -136,7 +136,7 @@ def check(memory: Memory) -> None:
     assert lexical_problems(memory) == []
     assert dense_problems(memory) == []
     if isinstance(memory.store, SQLiteStore):
-        with memory._store_lock:
+        with memory.store.lock:
             db = memory.store.dialect.db
             assert index_problems(db) == []
             assert revised_after_delete(db) == []

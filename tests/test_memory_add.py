@@ -209,7 +209,7 @@ def test_the_dense_path_reads_committed_vectors_while_another_thread_writes(tmp_
         store.concurrent_dense and not Memory({"store": ":memory:"}, embedder=embedder).store.concurrent_dense
     )
     record = {**store.get("ann", "c1/w0000#m1"), "id": "chewed", "content": "Biscuit chewed a toy."}
-    with memory._store_lock, store.transaction():  # a write in flight in this thread
+    with memory.store.lock, store.transaction():  # a write in flight in this thread
         store.insert("ann", record, query)
         during = memory._helpers.submit(store.lookup.dense, "ann", query, 5).result(timeout=10)
     assert "chewed" not in dict(during)  # not committed yet: not seen

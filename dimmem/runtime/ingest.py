@@ -25,9 +25,7 @@ import hashlib
 import json
 import re
 import threading
-from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 
@@ -59,12 +57,10 @@ class Ingest:
         windows: WindowConfig,
         extractor: Extractor,
         count_tokens: Callable | None,
-        store_lock: AbstractContextManager,
-        stats: Counter,
     ):
         self.store, self.windows, self.extractor, self.count_tokens = store, windows, extractor, count_tokens
-        self.lock, self.stats = store_lock, stats
-        self._extract_lock = threading.Lock()  # the tokenizer and the stats, shared by concurrent extracts
+        self.lock = store.lock
+        self._extract_lock = threading.Lock()  # the tokenizer, shared by concurrent extracts
 
     def extract(self, conversation: Conversation) -> Extraction:
         """Windows -> extractor -> validator -> pointers resolved, without storing anything."""
@@ -84,10 +80,7 @@ class Ingest:
             rejected += [f"{window.id}: {issue}" for issue in kept.issues]
             records += kept.records
             n_bad += len(kept.rejected)
-        with self._extract_lock:
-            self.stats["rejected_memories"] += n_bad
-            self.stats["windows"] += len(windows)
-            self.stats["failed_windows"] += len(failed)
+        self.store.stats.add(rejected_memories=n_bad, windows=len(windows), failed_windows=len(failed))
         return Extraction(conversation, len(windows), records, rejected, failed)
 
     def plan(self, user_id: str, conversation: Conversation, given: list[tuple[bool, bool]]) -> list[Window]:

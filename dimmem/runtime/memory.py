@@ -45,11 +45,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +66,7 @@ from dimmem.runtime.retrieval import Hit
 from dimmem.runtime.search import Searcher, SearchFilters
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.stores.base import RecordStateError
-from dimmem.runtime.stores.log import RESTORABLE, STATUSES, STATUSES_LEFT
+from dimmem.runtime.stores.log import RESTORABLE, STATUSES, STATUSES_LEFT, Stats
 from dimmem.runtime.update import UpdatePath
 
 __all__ = ["AddResult", "Extraction", "Memory", "Page", "RecordStateError", "SearchResult"]
@@ -139,29 +136,22 @@ class Memory:
         self.extractor = extractor or config.build_extractor(client)
         self.query_parser = query_parser or config.build_query_parser(client)
         self.count_tokens = config.build_token_counter()
-        self.stats: Counter = Counter()
-        # the one SQLite connection: held per batch write or read; a pooled store (Postgres) serializes
-        # nothing here (its transactions lock one user's writes in the database)
-        self._store_lock: AbstractContextManager = (
-            threading.RLock() if self.store.serialized else nullcontext()
-        )
         self._embedder = Batcher(self.embedder.encode, EMBED_BATCH)  # concurrent requests share a call
         self.updates = UpdatePath(
             self.store,
             config.update,
             consolidator or config.build_consolidator(client),
-            self._store_lock,
             self._encode,
-            self.stats,
         )
         # query embeddings of searches and the next batch's embeddings of adds, beside the store work
         self._helpers = ThreadPoolExecutor(max_workers=SEARCH_HELPERS, thread_name_prefix="dimmem-helper")
-        self.searcher = Searcher(
-            self.store, config.retrieval, self._encode, self._store_lock, self.stats, self._helpers
-        )
-        self.ingest = Ingest(
-            self.store, config.windows, self.extractor, self.count_tokens, self._store_lock, self.stats
-        )
+        self.searcher = Searcher(self.store, config.retrieval, self._encode, self._helpers)
+        self.ingest = Ingest(self.store, config.windows, self.extractor, self.count_tokens)
+
+    @property
+    def stats(self) -> Stats:
+        """What this runtime did with its store: searches, windows, decisions, comparisons (the store's)."""
+        return self.store.stats
 
     @property
     def consolidator(self) -> Callable[[dict, dict, float], dict]:
@@ -218,7 +208,7 @@ class Memory:
                 raise ValueError(f"invalid record {i}: " + "; ".join(issues))
         records = [{**r, "id": r.get("id") or _new_id(user_id, r)} for r in records]
         if conversation is not None:
-            with self._store_lock, self.store.transaction():
+            with self.store.lock, self.store.transaction():
                 self.store.conversations.put_turns(user_id, conversation.id, conversation.turns)
         return self._write(user_id, records, consolidate)
 
@@ -235,7 +225,7 @@ class Memory:
             """The new records of batch n, embedded in a helper (what is stored already is not)."""
             if n >= len(batches):
                 return None
-            with self._store_lock:
+            with self.store.lock:
                 stored = self.store.get_many(user_id, [r["id"] for r in batches[n]])
             todo = [r for r in batches[n] if r["id"] not in stored]
             texts = [r["content"] for r in todo]
@@ -256,7 +246,7 @@ class Memory:
         """The batch's records stored as given, in one transaction: ADD, or UNCHANGED for an id stored
         already (also by another writer meanwhile, or earlier in the batch)."""
         events = []
-        with self._store_lock, self.store.transaction():
+        with self.store.lock, self.store.transaction():
             fresh = set(vectors) - set(self.store.get_many(user_id, list(vectors)))
             for record in batch:
                 added = record["id"] in fresh
@@ -280,7 +270,7 @@ class Memory:
             if issues := _record_issues(revised):
                 raise ValueError("invalid update: " + "; ".join(issues))
             vector = self._encode([revised["content"]])[0]
-            with self._store_lock, self.store.transaction():
+            with self.store.lock, self.store.transaction():
                 now = self.store.get(user_id, memory_id)
                 if now is not None and now["status"] == "active" and now["content"] != current["content"]:
                     continue  # changed meanwhile by another writer: validate and embed what it holds now
@@ -290,26 +280,26 @@ class Memory:
 
     def delete(self, memory_id: str, *, user_id: str) -> None:
         """Delete an active record (KeyError: no such record; RecordStateError: not active)."""
-        with self._store_lock, self.store.transaction():
+        with self.store.lock, self.store.transaction():
             self.store.set_status(user_id, memory_id, "deleted", "DELETE")
 
     def restore(self, memory_id: str, *, user_id: str) -> dict:
         """A deleted, superseded or merged record active again, found by every path (history "RESTORE"):
         the undo of a delete or of a wrong update decision (the record that replaced it stays active).
         An active record cannot be restored (RecordStateError)."""
-        with self._store_lock:
+        with self.store.lock:
             current = self.store.get(user_id, memory_id)
         if current is None:
             raise KeyError(f"no record {memory_id!r} for user {user_id!r}")
         if current["status"] not in STATUSES_LEFT:
             raise RecordStateError(memory_id, current["status"], "restored", RESTORABLE)
         vector = self._encode([current["content"]])[0]  # a record out of use never changes its content
-        with self._store_lock, self.store.transaction():
+        with self.store.lock, self.store.transaction():
             self.store.restore(user_id, memory_id, vector)  # checks the status again
         return self.get(memory_id, user_id=user_id)
 
     def _active(self, user_id: str, memory_id: str, operation: str) -> dict:
-        with self._store_lock:
+        with self.store.lock:
             current = self.store.get(user_id, memory_id)
         if current is None:
             raise KeyError(f"no record {memory_id!r} for user {user_id!r}")
@@ -326,7 +316,7 @@ class Memory:
 
     # --- reads --------------------------------------------------------------------------------------
     def get(self, memory_id: str, *, user_id: str) -> dict | None:
-        with self._store_lock:
+        with self.store.lock:
             return self.store.get(user_id, memory_id)
 
     def get_all(
@@ -351,7 +341,7 @@ class Memory:
             start, end = parse_span(str(filters["time"]))
             span = (start.isoformat(), end.isoformat())
         after = _decode_cursor(cursor)
-        with self._store_lock:
+        with self.store.lock:
             rows = self.store.page(
                 user_id,
                 type=kind,
@@ -366,7 +356,7 @@ class Memory:
         return Page(rows, _encode_cursor(rows[-1]) if more else None)
 
     def history(self, memory_id: str, *, user_id: str) -> list[dict]:
-        with self._store_lock:
+        with self.store.lock:
             return self.store.history(user_id, memory_id)
 
     def search(
@@ -400,7 +390,7 @@ class Memory:
 
     # --- export / import ----------------------------------------------------------------------------
     def export_jsonl(self, path: str | Path, *, user_id: str) -> int:
-        with self._store_lock:
+        with self.store.lock:
             records = self.store.records(user_id, status=None)
             histories = [self.store.history(user_id, r["id"]) for r in records]
         with open(path, "w", encoding="utf-8") as out:

@@ -11,10 +11,9 @@ vectors through a connection of its own (`RecordLog.concurrent_dense`).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,12 +76,10 @@ class Searcher:
         store: RecordLog,
         retrieval: RetrievalConfig,
         encode: Callable[[list[str]], np.ndarray],
-        store_lock: AbstractContextManager,
-        stats: Counter,
         helpers: ThreadPoolExecutor,
     ):
         self.store, self.retrieval, self.encode = store, retrieval, encode
-        self.lock, self.stats = store_lock, stats
+        self.lock = store.lock
         self.helpers = helpers  # the query's embedding and dense path, beside the other paths
 
     def search(
@@ -108,10 +105,10 @@ class Searcher:
             )
             if narrowed:
                 hits = [hit for hit in hits if filters.admit(hit.record)][:k]
-            self.stats["searches"] += 1
+            self.store.stats.add(searches=1)
             context = []
             if parsed.get("need_assistant_context"):  # recall on demand, through the records' pointers
-                self.stats["assistant_recalls"] += 1
+                self.store.stats.add(assistant_recalls=1)
                 for hit in hits:
                     if hit.record.get("conversation_id"):
                         context += self.store.conversations.assistant_replies(

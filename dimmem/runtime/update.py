@@ -22,9 +22,7 @@ What it promises (docs/runtime.md, "The update path"):
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import numpy as np
 
@@ -47,12 +45,10 @@ class UpdatePath:
         store: RecordLog,
         config: UpdateConfig,
         consolidator: Callable[[dict, dict, float], dict],
-        store_lock: AbstractContextManager,
         encode: Callable[[list[str]], np.ndarray],
-        stats: Counter,
     ):
         self.store, self.config, self.consolidator = store, config, consolidator
-        self.lock, self.encode, self.stats = store_lock, encode, stats
+        self.lock, self.encode = store.lock, encode
 
     def add_batch(self, user_id: str, records: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
         """One event per record (UNCHANGED for one without a vector: stored already). By the rules, the
@@ -106,7 +102,7 @@ class UpdatePath:
                 if decision["action"] != "KEEP_BOTH":
                     now = view.get(best)
                     if now is None or (now["status"], now["version"]) != ("active", candidate["version"]):
-                        self.stats["stale_consolidations"] += 1
+                        self.store.stats.add(stale_consolidations=1)
                         continue
                 return self._apply(view, record, vector, candidate, decision, merged)
         raise AssertionError("unreachable: the last attempt keeps both")
@@ -139,8 +135,8 @@ class UpdatePath:
         candidates = view.keywords(record["type"], self._keys(record), self.config.max_candidates)
         if paper:
             candidates = self._paper_candidates(view, record, candidates)
-        self.stats["embedding_comparisons"] += len(candidates)
-        self.stats["baseline_comparisons"] += active  # comparing with every active record
+        # what comparing with every active record would have cost beside it
+        self.store.stats.add(embedding_comparisons=len(candidates), baseline_comparisons=active)
         if not candidates:
             return None, 0.0, None
         return self._closest(view, record, vector, candidates, paper)
@@ -174,7 +170,7 @@ class UpdatePath:
         decision = self.consolidator(record, candidate, similarity)
         if decision == KEEP_BOTH or validate("consolidate", decision, decision_scope(record, candidate)).ok:
             return decision
-        self.stats["invalid_consolidations"] += 1
+        self.store.stats.add(invalid_consolidations=1)
         return KEEP_BOTH
 
     def _apply(
@@ -206,7 +202,7 @@ class UpdatePath:
             view.insert(record, vector)
             view.set_status(new_id, "superseded", f"SUPERSEDED_BY {candidate['id']}")
             action = "HISTORY"
-        self.stats[action] += 1
+        self.store.stats.add(**{action: 1})
         return {"id": new_id, "action": action, "target": None if action == "KEEP_BOTH" else candidate["id"]}
 
     def _closest(

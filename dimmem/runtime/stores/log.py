@@ -17,11 +17,19 @@ transaction: in-process indexes re-read only what changed since the number they 
 is seen by the next search in every process, a crashed one by none.
 
 Writes run inside `transaction()`: all of a block lands or none of it, also when the process is killed.
+
+The store also owns what every caller in this process shares: `lock`, held around a block of calls on
+a store of one connection (SQLite; a pooled store, Postgres, needs none here: its transactions lock one
+user's writes in the database), and `stats`, what the runtime did with it, counted under a lock of its
+own on either backend.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
@@ -42,6 +50,32 @@ _INSERT_NEW = f"INSERT INTO records ({_SELECT}, seq) VALUES ({_VALUES}, {_SEQ})"
 _INSERT_HISTORY = (
     "INSERT INTO record_history (user_id, record_id, version, action, snapshot, at) VALUES (?,?,?,?,?,?)"
 )
+
+
+class Stats:
+    """Counts by name (searches, windows, decisions, embedding comparisons ...), added from any thread:
+    no count is lost when two add at once."""
+
+    def __init__(self):
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            self._counts.update(counts)
+
+    def __getitem__(self, name: str) -> int:
+        return self._counts[name]
+
+    def get(self, name: str, default: int = 0) -> int:
+        return self._counts.get(name, default)
+
+    def items(self):
+        with self._lock:
+            return list(self._counts.items())
+
+    def keys(self):
+        return [name for name, _ in self.items()]
 
 
 class RecordLog:
@@ -72,6 +106,9 @@ class RecordLog:
         """True: `lookup.dense` may run from any thread while other calls hold the caller's lock."""
         self.conversations = ConversationLog(dialect)
         self.lookup = Lookup(self)
+        # one connection (SQLite): held per block of calls, re-entrant; a pool (Postgres): nothing to hold
+        self.lock: AbstractContextManager = threading.RLock() if self.serialized else nullcontext()
+        self.stats = Stats()
 
     # --- schema and health --------------------------------------------------------------------------
     def migrate(self) -> int:
