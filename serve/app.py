@@ -37,7 +37,7 @@ from serve.routes import memories, ops, search
 def build_app(config: ServeConfig, memory: Memory | None = None) -> FastAPI:
     keys, operator_key = config.keys(), config.operator_key()  # refuses shared or missing keys first
     if memory is None:
-        memory = Memory.from_config(config.memory_config, store=config.store, extractor=config.extractor())
+        memory = Memory.from_config(config.memory_config, config.memory_overrides(), store=config.store)
     state = ServiceState(
         config=config,
         memory=memory,

@@ -77,10 +77,11 @@ class ServeConfig(Section):
             raise ValueError(f"operator_key_env {self.operator_key_env} is also a tenant's api_key_env")
         return self
 
-    def extractor(self) -> str | None:
-        """The extractor this service asks of the runtime over its memory config's: the student, or None
-        (the config's own)."""
-        return "student" if self.student else None
+    def memory_overrides(self) -> list[str]:
+        """What this service sets in its memory config: the student as the extractor, or nothing."""
+        from dimmem.runtime.student import STUDENT_OVERRIDES
+
+        return list(STUDENT_OVERRIDES) if self.student else []
 
     def _variables(self) -> dict[str, str]:
         """Variable -> who it names ("tenant a", "the operator")."""

@@ -210,9 +210,7 @@ def serve(config: McpConfig) -> None:
     from dimmem.runtime.stores import redacted
     from serve.server import serve as serve_http
 
-    memory = Memory.from_config(
-        config.memory_config, store=config.runtime_store(), extractor=config.extractor()
-    )
+    memory = Memory.from_config(config.memory_config, config.memory_overrides(), store=config.runtime_store())
     try:
         memory.embedder.encode(["warm-up"])  # the first search does not wait for the model to load
         if config.transport == "stdio":

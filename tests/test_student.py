@@ -193,4 +193,4 @@ def test_one_flag_makes_the_student_the_extractor_everywhere(tmp_path, monkeypat
     assert isinstance(app.state.service.memory.extractor, StudentExtractor)
     app.state.service.memory.close()
     mcp = load_config(McpConfig, CONFIG_DIR / "serve" / "mcp.yaml", {}, student=True)
-    assert mcp.extractor() == "student" and McpConfig().extractor() is None
+    assert mcp.memory_overrides()[0] == "extractor=student" and McpConfig().memory_overrides() == []

@@ -321,7 +321,19 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
 
 
 def gguf_section(export_config: dict) -> str:
-    """How to run the export's GGUF files with llama.cpp and Ollama."""
+    """How to run the export's GGUF files with llama.cpp and Ollama (a merged export), or its adapter as a
+    GGUF LoRA over its base (an adapter export)."""
+    if lora := export_config.get("lora_gguf"):
+        return f"""## llama.cpp, and the memory runtime
+`{lora}` is this adapter as a GGUF LoRA (llama.cpp's tensor names, f16). llama.cpp applies it over the base's
+own GGUF file, the weights it was trained on:
+```bash
+dimmem serve llamacpp --model BASE.gguf --lora {lora} --port 8080
+```
+The memory runtime runs it with `extractor: student` and `student.folder: THIS_FOLDER` (the base assembled
+from its packages on first use).
+
+"""
     files = export_config.get("gguf")
     if not files:
         return ""

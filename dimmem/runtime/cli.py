@@ -109,10 +109,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _runtime(args: argparse.Namespace):
     from dimmem.runtime.memory import Memory
+    from dimmem.runtime.student import STUDENT_OVERRIDES
 
-    extractor = "student" if getattr(args, "student", False) else None
+    student = list(STUDENT_OVERRIDES) if getattr(args, "student", False) else []
     store = getattr(args, "store", None) or (":memory:" if args.memory_command == "extract" else None)
-    return Memory.from_config(args.config, args.overrides, store=store, extractor=extractor)
+    return Memory.from_config(args.config, [*student, *args.overrides], store=store)
 
 
 def _print_update_stats(memory) -> None:
