@@ -107,15 +107,21 @@ def server_params(
     parallel: int = 1,
     api_key: str | None = None,
     lora: Path | None = None,
+    draft: str = "none",
 ):
-    """xllamacpp's CommonParams: greedy decoding, the export's chat template arguments and context, and
-    a LoRA adapter over the model when one is given."""
+    """xllamacpp's CommonParams: greedy decoding, the export's chat template arguments and context, a
+    LoRA adapter over the model when one is given, and `draft`: speculative decoding with tokens drafted
+    from n-grams of the context (`DRAFTS`; a record copies names, dates and phrases from its window's
+    turns, which the model then checks many at once; greedy, so the answer is the one it would write)."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
     params.model.path = str(gguf)
     if lora is not None:
         params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(str(lora), 1.0)]
+    if draft != "none":
+        kind = getattr(xllamacpp.common_speculative_type, DRAFTS[draft])
+        params.speculative.types = [kind]
     params.model_alias = {name}
     params.hostnames = [host]
     params.port = port
@@ -137,6 +143,15 @@ def server_params(
     if api_key:
         params.api_keys = [api_key]
     return params
+
+
+# --draft: llama.cpp's n-gram speculative types (no draft model: the drafts come from the context itself)
+DRAFTS = {
+    "ngram-simple": "COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE",
+    "ngram-map-k": "COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K",
+    "ngram-mod": "COMMON_SPECULATIVE_TYPE_NGRAM_MOD",
+    "ngram-cache": "COMMON_SPECULATIVE_TYPE_NGRAM_CACHE",
+}
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:
@@ -171,6 +186,13 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--threads", type=count, help="CPU threads (default: all cores)")
     parser.add_argument("--parallel", type=count, default=1, help="requests decoded together (slots)")
+    parser.add_argument(
+        "--draft",
+        choices=["none", *DRAFTS],
+        default="none",
+        help="speculative decoding drafted from n-grams of the context (no draft model); the greedy answer "
+        "stays the one it would be",
+    )
     parser.add_argument("--api-key-env", help="require the key in this environment variable")
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the process that started this one is gone"
@@ -191,7 +213,17 @@ def run_llamacpp(args) -> int:
             raise LlamaCppError(f"--api-key-env {args.api_key_env}: the variable is not set or empty")
     lora = check_adapter(Path(args.lora), gguf) if args.lora else None
     params = server_params(
-        gguf, meta, args.host, args.port, args.name, args.ctx, args.threads, args.parallel, key, lora
+        gguf,
+        meta,
+        args.host,
+        args.port,
+        args.name,
+        args.ctx,
+        args.threads,
+        args.parallel,
+        key,
+        lora,
+        args.draft,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
