@@ -1,13 +1,16 @@
-"""One merged extractor under each CPU backend, side by side in one run: transformers generation, vLLM
-for CPU, and llama.cpp on the export's GGUF files (f16, q8_0, q4_k_m). The same windows, the same greedy
-decoding and budget, one request at a time (a laptop's single user); each row is a `dimmem eval
-extraction` run folder under OUT.
+"""One extractor under each CPU backend and setting, side by side in one run: transformers generation,
+vLLM for CPU, llama.cpp on a merged export's GGUF files (f16, q8_0, q4_k_m), and a student folder (its
+base GGUF with the adapter as a GGUF LoRA, as `extractor: student` runs it) plain, with n-gram drafting
+(`--draft`) and with windows decoded in parallel slots. The same windows, the same greedy decoding and
+budget; each row is a `dimmem eval extraction` run folder under OUT.
 
     python -m benchmarks.extractor_backends --export runs/student/export-ck60-gguf \\
         --references runs/student/heldout/labels-datagen:train --limit 8 --out runs/bench/backends
+    python -m benchmarks.extractor_backends --student-folder dimmem/students/qwen25-coder-0.5b-locomo \\
+        --backends student,student-ngram-map-k,student-parallel-2 --references ... --out ...
 
-The export must be merged and written with `--gguf` (the types it has are the llama.cpp rows). Table in
-OUT/table.md, numbers in OUT/summary.json; speed is relative to transformers measured in the same run.
+Table in OUT/table.md, numbers in OUT/summary.json; speed is relative to the first row measured in the
+same run.
 """
 
 from __future__ import annotations
@@ -34,17 +37,15 @@ def extraction(out: Path, name: str, common: list[str], *source: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.extractor_backends", description=__doc__)
-    parser.add_argument("--export", required=True, help="a merged export folder written with --gguf")
+    parser.add_argument("--export", help="a merged export folder written with --gguf")
+    parser.add_argument("--student-folder", help="a student folder (adapter export with its GGUF LoRA)")
     parser.add_argument("--references", required=True, help="DIR[:split] of windows with reference labels")
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--backends", default="transformers,vllm,llamacpp", help="which rows to run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    export, out = Path(args.export), Path(args.out)
-    meta = read_export_config(export)
-    if not meta.get("merged") or not meta.get("gguf"):
-        raise SystemExit(f"{export}: export the run with --merge --gguf f16,q8_0,q4_k_m first")
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     common = [
         "--references",
@@ -57,6 +58,52 @@ def main(argv: list[str] | None = None) -> int:
     backends = args.backends.split(",")
     started = time.perf_counter()
     rows: dict[str, dict] = {}
+    if args.student_folder:
+        rows |= student_rows(
+            Path(args.student_folder), [b for b in backends if b.startswith("student")], out, common
+        )
+    if args.export:
+        rows |= export_rows(Path(args.export), backends, out, common)
+    text = table(rows)
+    (out / "table.md").write_text(text + "\n")
+    write_json(
+        out / "summary.json",
+        {
+            "export": args.export,
+            "student": args.student_folder,
+            "rows": rows,
+            "wall_s": round(time.perf_counter() - started, 1),
+        },
+    )
+    print(text)
+    return 0
+
+
+def student_rows(folder: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
+    """`student`: the folder as the runtime runs it; `student-<draft>`: with that n-gram drafting;
+    `student-parallel-N`: N windows decoded together (N requests in flight)."""
+    from dimmem.runtime.student import ADAPTER, base_gguf, checked
+
+    model, lora = base_gguf(folder), checked(folder, ADAPTER)
+    rows = {}
+    for backend in backends:
+        setting = backend.removeprefix("student").removeprefix("-")
+        parallel = int(setting.removeprefix("parallel-")) if setting.startswith("parallel-") else 1
+        draft = setting if setting and not setting.startswith("parallel-") else "none"
+        port = free_port()
+        flags = {"lora": lora, "ctx": 6144, "parallel": parallel, "draft": draft}
+        with llamacpp_service(out / f"{backend}.log", model, port, **flags):
+            rows[f"llama.cpp base + LoRA, {setting or 'plain'}"] = extraction(
+                out, backend, common, *endpoint(port, parallel)
+            )
+    return rows
+
+
+def export_rows(export: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
+    meta = read_export_config(export)
+    if not meta.get("merged") or not meta.get("gguf"):
+        raise SystemExit(f"{export}: export the run with --merge --gguf f16,q8_0,q4_k_m first")
+    rows: dict[str, dict] = {}
     if "transformers" in backends:
         rows["transformers (fp32)"] = extraction(out, "transformers", common, "--hf-model", str(export))
     if "vllm" in backends:
@@ -68,14 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             with llamacpp_service(out / f"llamacpp-{kind}.log", export, port, quant=kind):
                 rows[f"llama.cpp {kind}"] = extraction(out, f"llamacpp-{kind}", common, *endpoint(port, 1))
-    text = table(rows)
-    (out / "table.md").write_text(text + "\n")
-    write_json(
-        out / "summary.json",
-        {"export": str(export), "rows": rows, "wall_s": round(time.perf_counter() - started, 1)},
-    )
-    print(text)
-    return 0
+    return rows
 
 
 def table(rows: dict[str, dict]) -> str:
