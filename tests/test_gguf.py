@@ -193,7 +193,7 @@ def test_a_failed_conversion_leaves_the_safetensors_export_whole(tiny_exports, t
 def test_llama_cpp_serves_the_tiny_export_as_the_hf_path_extracts(gguf_export, tiny_exports, tmp_path):
     """12 held-out toy windows through `dimmem eval extraction`: llama.cpp on q8_0 under each window's JSON
     Schema, and transformers on the merged weights. Every answer that ends parses and meets the schema, and
-    memory F1 is within 0.02 of the HF path's."""
+    memory F1 is no more than 0.02 below the HF path's."""
     from eval.cli import main as evaluate
 
     common = ["extraction", "--references", f"{tiny_exports['data']}:test", "--limit", "12"]
@@ -208,7 +208,10 @@ def test_llama_cpp_serves_the_tiny_export_as_the_hf_path_extracts(gguf_export, t
     assert served["windows"] == hf["windows"] == 12 and served["memories_predicted"] > 0
     assert served["parse_rate"] == served["schema_valid_rate"] == 1.0 - served["truncation_rate"]
     assert served["truncation_rate"] <= 1 / 3
-    assert abs(served["memory_f1"] - hf["memory_f1"]) <= 0.02, (served["memory_f1"], hf["memory_f1"])
+    # Greedy decoding under the grammar and without it part on some windows (more so for a tiny model, whose
+    # top tokens lie close), so the served answers are held to "no worse", not to "the same": a broken
+    # conversion or template scores near zero.
+    assert served["memory_f1"] >= hf["memory_f1"] - 0.02, (served["memory_f1"], hf["memory_f1"])
 
 
 @pytest.mark.integration
