@@ -325,7 +325,7 @@ def test_resume_continues_from_the_saved_step(tiny_setup, tiny_run):
 @pytest.mark.slow
 def test_a_checkpoint_exports_while_the_run_goes_on(tiny_setup, tmp_path):
     """The run's record is written before training starts: a checkpoint of a run still going (here one
-    that died at step 3) exports, and its card says the run has no final step yet."""
+    that died at step 3) exports, and its card names the step exported."""
     from transformers import TrainerCallback
 
     from train.args import parse_args
@@ -348,6 +348,7 @@ def test_a_checkpoint_exports_while_the_run_goes_on(tiny_setup, tmp_path):
     )
     exported = json.loads((tmp_path / "ck2" / "dimmem_export.json").read_text())
     assert exported["checkpoint"] == 2 and exported["merged"] is True
+    assert "| step exported | 2 |" in (tmp_path / "ck2" / "README.md").read_text()
 
 
 @pytest.mark.slow

@@ -137,7 +137,7 @@ def export(
         merged = PeftModel.from_pretrained(base, source).merge_and_unload()
         merged.save_pretrained(out, safe_serialization=True)
     else:
-        write_adapter(source, out, adapter_dtype)
+        write_adapter(source, out, adapter_dtype, gguf_provenance(base_model))
         # the run's record beside the adapter: this export is a run `dimmem export --run` takes again
         record = {**run_config, "final_step": checkpoint or run_config.get("final_step")}
         (out / RUN_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
@@ -157,7 +157,7 @@ def export(
         "chat_template_kwargs": CHAT_TEMPLATE_KWARGS,
         "run": str(run.resolve()),
     }
-    if base := gguf_provenance(run_config["base_model"]):
+    if base := gguf_provenance(base_model):
         export_config["base_provenance"] = base
     # the safetensors export is complete before any conversion: a GGUF that fails (an architecture the
     # converter lacks, a full disk) costs only the GGUF files
@@ -199,10 +199,14 @@ def empty_folder(folder: Path) -> None:
             entry.unlink()
 
 
-def write_adapter(source: Path, out: Path, dtype: str | None) -> None:
+def write_adapter(source: Path, out: Path, dtype: str | None, base: dict | None) -> None:
     """The adapter's config and weights, the weights cast to `dtype` when one is given (an adapter
-    shipped at half the size)."""
-    shutil.copy2(source / "adapter_config.json", out / "adapter_config.json")
+    shipped at half the size). A base built from a packaged GGUF is named by its Hub id, which PEFT
+    resolves anywhere, not by the folder it was built into here."""
+    config = json.loads((source / "adapter_config.json").read_text())
+    if base:
+        config["base_model_name_or_path"] = base["model_id"]
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = source / "adapter_model.safetensors"
     if dtype is None:
         shutil.copy2(weights, out / weights.name)
@@ -264,11 +268,14 @@ def model_card(run_config: dict, export_config: dict, run: Path) -> str:
     )
     metrics = json.loads(metrics_path.read_text()) if metrics_path else {}
     dataset = run_config["dimmem"]["dataset_path"]
+    # an export exported again (a shipped adapter merged) keeps the license its card chose
+    source_card = (run / "README.md").read_text() if (run / "README.md").is_file() else ""
+    kept_license = re.search(r"^license: (.+)$", source_card, re.M)
     lines = [
         "---",
         f"base_model: {base_id}",
         f"library_name: {'transformers' if merged else 'peft'}",
-        f"license: {origin['license'] if origin else 'apache-2.0'}",
+        f"license: {kept_license[1] if kept_license else origin['license'] if origin else 'apache-2.0'}",
         "pipeline_tag: text-generation",
         "tags: [dimmem, memory-extraction, lora, sft, trl]",
     ]
@@ -307,11 +314,11 @@ vllm serve {serve_target} {lora_flags}--max-model-len {max_model_len} \\
   --default-chat-template-kwargs '{json.dumps(CHAT_TEMPLATE_KWARGS)}'
 ```
 
-{gguf_section(export_config)}{base_section(origin)}{data_section(run_config, origin)}## Training
+{gguf_section(export_config)}{base_section(origin)}{data_section(run_config, origin, source_card)}## Training
 | setting | value |
 |---|---|
 {table}
-| final step | {run_config.get("final_step")} |
+| step exported | {export_config.get("checkpoint") or run_config.get("final_step")} |
 | processes | {run_config.get("world_size")} |
 
 ## Evaluation
@@ -373,13 +380,14 @@ dequantized to {origin["dtype"]} by transformers (what the file's quantization l
 """
 
 
-def data_section(run_config: dict, origin: dict | None) -> str:
+def data_section(run_config: dict, origin: dict | None, source_card: str) -> str:
     """What the model learned from and under which licenses, from the dataset's card (written by
-    `dimmem datagen`) where the dataset is on this machine."""
+    `dimmem datagen`) where the dataset is on this machine, else from the card of the export exported."""
     try:
         card = dataset_folder(run_config["dimmem"]["dataset_path"]).parent / "README.md"
-    except FileNotFoundError:  # trained elsewhere: the card of the export it came from says it
-        return ""
+    except FileNotFoundError:  # trained elsewhere (a shipped adapter): its own card says it
+        kept = re.search(r"^## Data and licenses\n.*?(?=^## |\Z)", source_card, re.M | re.S)
+        return kept[0].rstrip() + "\n\n" if kept else ""
     if not card.is_file():
         return ""
     found = re.search(r"^- \*\*Source\*\*: (.+); license: (.+)$", card.read_text(), re.M)
