@@ -13,6 +13,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 EXPORT_CONFIG = "dimmem_export.json"  # beside an export's weights: how it was trained and must be served
+RUN_CONFIG = "dimmem_train.json"  # a training run's record (train.sft), kept beside an adapter export
 GGUF_SETTINGS_KEY = "dimmem.export"  # the same serving settings (JSON) inside each GGUF file of an export
 
 
@@ -38,6 +39,21 @@ def read_export_config(folder: str | Path) -> dict:
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: not a JSON object; export the run again")
     return meta
+
+
+def read_run_config(folder: str | Path) -> dict:
+    """A run's or adapter export's `dimmem_train.json` (FileNotFoundError: there is none; ValueError: it
+    is not a JSON object), the one reader for export and the runtime's student."""
+    path = Path(folder) / RUN_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: not a training run (no {RUN_CONFIG}; dimmem train writes it)")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return config
 
 
 def shared_data_dir() -> Path:

@@ -29,10 +29,17 @@ import sys
 from pathlib import Path
 
 from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
-from dimmem.paths import EXPORT_CONFIG, REPO_ROOT, cache_dir, dataset_folder, read_export_config
+from dimmem.paths import (
+    EXPORT_CONFIG,
+    REPO_ROOT,
+    RUN_CONFIG,
+    cache_dir,
+    dataset_folder,
+    read_export_config,
+    read_run_config,
+)
 from train.gguf_base import provenance as gguf_provenance
 
-RUN_CONFIG = "dimmem_train.json"  # written by train.sft beside the adapter
 LORA_GGUF = "adapter.gguf"  # an adapter export's GGUF LoRA (`--gguf f16` without --merge)
 CHECKSUMS = "SHA256SUMS"
 
@@ -60,20 +67,12 @@ def adapter_dir(run: Path, checkpoint: int | None) -> Path:
     return folder
 
 
-def read_run_config(run: Path) -> dict:
-    """The run's `dimmem_train.json`, or one clear error naming the folder."""
-    path = run / RUN_CONFIG
-    if not path.is_file():
-        raise FileNotFoundError(f"{run}: not a training run (no {RUN_CONFIG}; dimmem train writes it)")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    missing = [
-        k for k in ("base_model", "sft", "model", "dimmem") if not isinstance(config, dict) or k not in config
-    ]
+def run_record(run: Path) -> dict:
+    """The run's `dimmem_train.json` with what an export reads from it, or one clear error naming it."""
+    config = read_run_config(run)
+    missing = [k for k in ("base_model", "sft", "model", "dimmem") if k not in config]
     if missing:
-        raise ValueError(f"{path}: not the {RUN_CONFIG} dimmem train writes (no {missing[0]!r})")
+        raise ValueError(f"{run / RUN_CONFIG}: not the {RUN_CONFIG} dimmem train writes (no {missing[0]!r})")
     return config
 
 
@@ -114,7 +113,7 @@ def export(
     if adapter_dtype and merge:
         raise ValueError("--adapter-dtype is for an adapter export (without --merge)")
     run, out = Path(run), Path(out)
-    run_config = read_run_config(run)
+    run_config = run_record(run)
     check_out(out, overwrite, [run, Path(run_config["base_model"])])
     if checkpoint == "best":
         checkpoint = best_checkpoint(run)

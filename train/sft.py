@@ -13,7 +13,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config, get_quantization_config
 
-from dimmem.paths import dataset_folder
+from dimmem.paths import RUN_CONFIG, dataset_folder
 from train.answer_logits import add_answer_only_head
 from train.args import QWEN3_LINEAR, DimmemArguments
 from train.data import (
@@ -24,7 +24,6 @@ from train.data import (
     prepare_split,
     task_counts,
 )
-from train.export import RUN_CONFIG
 from train.plot import plot_losses
 from train.throughput import ThroughputMeter, attention_length, model_flops_per_token
 from train.varlen_attention import NAME as SDPA_VARLEN

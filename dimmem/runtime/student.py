@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import json
 import os
 import sys
 import threading
 from pathlib import Path
 
 from dimmem.gguf_file import PackagedModelError, assemble_parts, file_sha256
-from dimmem.paths import cache_dir
+from dimmem.paths import RUN_CONFIG, cache_dir, read_run_config
 
 SHIPPED = Path(__file__).resolve().parent.parent / "students" / "qwen25-coder-0.5b-locomo"
 # what `--student` sets in a memory config: the student as the extractor, at the windows it trained on
 # (25 turns, 5 of them the overlap); a --set given with it wins
 STUDENT_OVERRIDES = ("extractor=student", "windows.window=25", "windows.overlap=5")
 ADAPTER = "adapter.gguf"
-RUN_RECORD = "dimmem_train.json"
 CHECKSUMS = "SHA256SUMS"
 
 
@@ -51,12 +49,12 @@ def checked(folder: Path, name: str) -> Path:
 
 def base_gguf(folder: Path) -> Path:
     """The student's base as one GGUF file: assembled from its chunk packages once, then reused."""
-    record = folder / RUN_RECORD
-    if not record.is_file():
-        raise FileNotFoundError(f"{folder}: not a student adapter export (no {RUN_RECORD})")
-    spec = json.loads(record.read_text())["dimmem"].get("gguf_base") or {}
-    if not spec.get("parts") or not spec.get("sha256"):
-        raise ValueError(f"{record}: the student's base is not a GGUF file shipped in chunk packages")
+    settings = read_run_config(folder).get("dimmem")
+    spec = (settings.get("gguf_base") if isinstance(settings, dict) else None) or {}
+    if not isinstance(spec, dict) or not all(spec.get(k) for k in ("file", "parts", "sha256")):
+        raise ValueError(
+            f"{folder / RUN_CONFIG}: the student's base is not a GGUF file shipped in chunk packages"
+        )
     path = cache_dir() / "gguf" / spec["sha256"][:16] / spec["file"]
     stamp = path.with_name(path.name + ".sha256")
     path.parent.mkdir(parents=True, exist_ok=True)
