@@ -332,3 +332,16 @@ def test_model_flops_of_a_config_without_head_dim():
     qwen2 = Qwen2Config(**shape, num_attention_heads=2, num_key_value_heads=1)
     stated = Qwen3Config(**shape, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
     assert model_flops_per_token(qwen2, 100) == model_flops_per_token(stated, 100) > 0
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_autocast_on_a_cpu_only_where_the_cpu_has_it(native, monkeypatch, capsys):
+    """A CPU profile's `bf16: true` keeps bf16 autocast on a CPU with avx512_bf16 or AMX; on one without
+    (emulated, about 20x slower than float32) it trains in float32 and says so in one line."""
+    import train.args
+
+    monkeypatch.setattr(train.args, "cpu_has_bf16", lambda: native)
+    _, sft, _ = _tiny_args("--bf16", "true", "--use_cpu", "true")
+    err = capsys.readouterr().err
+    assert (sft.bf16, sft.mixed_precision) == ((True, "bf16") if native else (False, "no"))
+    assert ("lacks (no avx512_bf16 or AMX): training in float32" in err) is not native

@@ -139,6 +139,12 @@ def gpu_only(fields: dict) -> str | None:
     return found[0] if found else None
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (avx512_bf16 or AMX), where the CPU profiles'
+    bf16 autocast pays (2.3x in BENCHMARKS.md)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def gpu_needed(config: str | None, what: str) -> ConfigError:
     where = f"{config}: " if config else ""
     return ConfigError(
@@ -173,6 +179,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[DimmemArguments, SFTConfi
         what := gpu_only({**vars(model_args), "use_liger_kernel": sft_args.use_liger_kernel})
     ):
         raise gpu_needed(parser.config_path, what)
+    if sft_args.bf16 and sft_args.use_cpu and not cpu_has_bf16():
+        # emulated on such a CPU, bf16 autocast is about 20x slower than float32 (an AVX2 core here)
+        print(
+            f"{parser.config_path or 'dimmem train'}: bf16: true asks for bf16 autocast, which this CPU "
+            "lacks (no avx512_bf16 or AMX): training in float32",
+            file=sys.stderr,
+        )
+        sft_args.bf16, sft_args.mixed_precision = False, "no"
     if dimmem_args.gguf_base is not None:
         check_gguf_base(parser.config_path or "dimmem train", dimmem_args)
     if model_args.use_peft and not model_args.lora_target_modules:
