@@ -112,7 +112,8 @@ def server_params(
     """xllamacpp's CommonParams: greedy decoding, the export's chat template arguments and context, a
     LoRA adapter over the model when one is given, and `draft`: speculative decoding with tokens drafted
     from n-grams of the context (`DRAFTS`; a record copies names, dates and phrases from its window's
-    turns, which the model then checks many at once; greedy, so the answer is the one it would write)."""
+    turns, which the model then checks many at once; greedy, but a batch computes in another order than
+    one token alone, so a near tie can go the other way)."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
@@ -190,8 +191,8 @@ def add_arguments(parser) -> None:
         "--draft",
         choices=["none", *DRAFTS],
         default="none",
-        help="speculative decoding drafted from n-grams of the context (no draft model); the greedy answer "
-        "stays the one it would be",
+        help="speculative decoding drafted from n-grams of the context (no draft model); slower than none "
+        "on 2 CPU cores (BENCHMARKS.md), and a token checked in a batch may break a near tie otherwise",
     )
     parser.add_argument("--api-key-env", help="require the key in this environment variable")
     parser.add_argument(
