@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 def student_rows(folder: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
     """`student`: the folder as the runtime runs it; `student-<draft>`: with that n-gram drafting;
     `student-parallel-N`: N windows decoded together (N requests in flight)."""
-    from dimmem.runtime.student import ADAPTER, base_gguf, checked
+    from dimmem.paths import LORA_GGUF
+    from dimmem.runtime.student import base_gguf, checked
 
-    model, lora = base_gguf(folder), checked(folder, ADAPTER)
+    model, lora = base_gguf(folder), checked(folder, LORA_GGUF)
     rows = {}
     for backend in backends:
         setting = backend.removeprefix("student").removeprefix("-")

@@ -14,6 +14,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 EXPORT_CONFIG = "dimmem_export.json"  # beside an export's weights: how it was trained and must be served
 RUN_CONFIG = "dimmem_train.json"  # a training run's record (train.sft), kept beside an adapter export
+LORA_GGUF = "adapter.gguf"  # an adapter export's GGUF LoRA (`--gguf f16`, no --merge): a student runs it
+CHECKSUMS = "SHA256SUMS"  # every file of an export and its sha256
 GGUF_SETTINGS_KEY = "dimmem.export"  # the same serving settings (JSON) inside each GGUF file of an export
 
 

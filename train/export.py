@@ -30,7 +30,9 @@ from pathlib import Path
 
 from dimmem.contract.tokens import CHAT_TEMPLATE_KWARGS, end_of_turn
 from dimmem.paths import (
+    CHECKSUMS,
     EXPORT_CONFIG,
+    LORA_GGUF,
     REPO_ROOT,
     RUN_CONFIG,
     cache_dir,
@@ -39,9 +41,6 @@ from dimmem.paths import (
     read_run_config,
 )
 from train.gguf_base import provenance as gguf_provenance
-
-LORA_GGUF = "adapter.gguf"  # an adapter export's GGUF LoRA (`--gguf f16` without --merge)
-CHECKSUMS = "SHA256SUMS"
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 

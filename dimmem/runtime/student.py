@@ -19,14 +19,12 @@ import threading
 from pathlib import Path
 
 from dimmem.gguf_file import PackagedModelError, assemble_parts, file_sha256
-from dimmem.paths import RUN_CONFIG, cache_dir, read_run_config
+from dimmem.paths import CHECKSUMS, LORA_GGUF, RUN_CONFIG, cache_dir, read_run_config
 
 SHIPPED = Path(__file__).resolve().parent.parent / "students" / "qwen25-coder-0.5b-locomo"
 # what `--student` sets in a memory config: the student as the extractor, at the windows it trained on
 # (25 turns, 5 of them the overlap); a --set given with it wins
 STUDENT_OVERRIDES = ("extractor=student", "windows.window=25", "windows.overlap=5")
-ADAPTER = "adapter.gguf"
-CHECKSUMS = "SHA256SUMS"
 
 
 def checked(folder: Path, name: str) -> Path:
@@ -34,7 +32,7 @@ def checked(folder: Path, name: str) -> Path:
     path = folder / name
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: missing; a student folder holds {ADAPTER} (dimmem export --gguf f16)"
+            f"{path}: missing; a student folder holds {LORA_GGUF} (dimmem export --gguf f16)"
         )
     sums = folder / CHECKSUMS
     listed = (
@@ -99,7 +97,7 @@ class StudentExtractor:
         from dimmem.llm import ModelClient, ModelConfig
         from dimmem.runtime.extractors import EndpointExtractor
 
-        adapter = checked(self.folder, ADAPTER)
+        adapter = checked(self.folder, LORA_GGUF)
         try:
             base = base_gguf(self.folder)
         except PackagedModelError as exc:
