@@ -16,7 +16,7 @@
   records stored as given: the store's own share of the cost).
 
     python -m benchmarks.update [--stores sqlite,postgres] [--llm URL=MODEL|local] [--llm-scope pairs|all]
-                                [--configs ours,paper,llm] [--out runs/bench/update.json]
+                                [--configs ours,paper,llm] [--pairs-only] [--out runs/bench/update.json]
 
 Configurations: `ours` (the default `update` section), `paper` (the DimMem authors' filter, the named
 baseline), and with `--llm` a model consolidator on that endpoint (the consolidate prompt under
@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the model consolidator on the labeled pairs only (first store), or on every measurement",
     )
     parser.add_argument("--configs", help="comma-separated, which of ours,paper,llm to run (default: all)")
+    parser.add_argument(
+        "--pairs-only",
+        action="store_true",
+        help="the labeled pairs alone (a minute): no LoCoMo ingest, toy world, ingest speed or retrieval",
+    )
     parser.add_argument("--out", default="runs/bench/update.json")
     args = parser.parse_args(argv)
     if args.configs and (unknown := set(args.configs.split(",")) - {"ours", "paper", "llm"}):
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             out = result["stores"][store] = {}
             made = Counter()
             for name, settings in selected(llm, args.configs).items():
-                pairs_only = name == "llm" and args.llm_scope == "pairs"
+                pairs_only = args.pairs_only or (name == "llm" and args.llm_scope == "pairs")
                 if pairs_only and store != stores[0]:
                     continue
 
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(locomo_and_toy(make, records, observations, pairs + check, embedder))
                 print(name, store, json.dumps(row)[:400], flush=True)
         scope = selected(llm if args.llm_scope == "all" else None, args.configs)
-        result["retrieval"] = retrieval(records, scope, embedder, Path(tmp))
+        result["retrieval"] = {} if args.pairs_only else retrieval(records, scope, embedder, Path(tmp))
     write_json(args.out, result)
     print(format_table(result))
     return 0
