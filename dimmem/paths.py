@@ -29,33 +29,28 @@ def read_export_config(folder: str | Path) -> dict:
     """An export folder's `dimmem_export.json` (FileNotFoundError: the folder is not an export;
     ValueError: the file is not a JSON object), the one reader for every command that serves, converts
     or benchmarks an export."""
-    path = Path(folder) / EXPORT_CONFIG
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{folder}: not an export folder (no {EXPORT_CONFIG}; `dimmem export` writes it)"
-        )
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc}); export the run again") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: not a JSON object; export the run again")
-    return meta
+    missing = f"not an export folder (no {EXPORT_CONFIG}; `dimmem export` writes it)"
+    return _json_object(folder, EXPORT_CONFIG, missing, "; export the run again")
 
 
 def read_run_config(folder: str | Path) -> dict:
     """A run's or adapter export's `dimmem_train.json` (FileNotFoundError: there is none; ValueError: it
     is not a JSON object), the one reader for export and the runtime's student."""
-    path = Path(folder) / RUN_CONFIG
+    return _json_object(folder, RUN_CONFIG, f"not a training run (no {RUN_CONFIG}; dimmem train writes it)")
+
+
+def _json_object(folder: str | Path, name: str, missing: str, advice: str = "") -> dict:
+    """`folder/name` read as a JSON object, or one error naming the folder or file."""
+    path = Path(folder) / name
     if not path.is_file():
-        raise FileNotFoundError(f"{folder}: not a training run (no {RUN_CONFIG}; dimmem train writes it)")
+        raise FileNotFoundError(f"{folder}: {missing}")
     try:
-        config = json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return config
+        raise ValueError(f"{path}: not valid JSON ({exc}){advice}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{path}: not a JSON object{advice}")
+    return found
 
 
 def shared_data_dir() -> Path:

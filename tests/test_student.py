@@ -163,7 +163,11 @@ def test_a_student_without_its_base_packages_says_what_to_install(tmp_path, monk
         checked(tmp_path, "adapter.gguf")
     with pytest.raises(FileNotFoundError, match="no dimmem_train.json"):
         base_gguf(tmp_path / "elsewhere")
-    for broken, said in [("{not json", "dimmem_train.json: not JSON"), ('{"dimmem": 3}', "not a GGUF file")]:
+    broken_records = [
+        ("{not json", "dimmem_train.json: not valid JSON"),
+        ('{"dimmem": 3}', "not a GGUF file"),
+    ]
+    for broken, said in broken_records:
         (tmp_path / "dimmem_train.json").write_text(broken)
         with pytest.raises(ValueError, match=said):
             base_gguf(tmp_path)
