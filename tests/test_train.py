@@ -3,6 +3,7 @@ resume, two processes), launch configs, export (merge parity, loading, Hub push)
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -349,6 +350,86 @@ def test_a_checkpoint_exports_while_the_run_goes_on(tiny_setup, tmp_path):
     exported = json.loads((tmp_path / "ck2" / "dimmem_export.json").read_text())
     assert exported["checkpoint"] == 2 and exported["merged"] is True
     assert "| step exported | 2 |" in (tmp_path / "ck2" / "README.md").read_text()
+
+
+def _fake_checkpoints(run: Path, evals: dict[int, float], steps: list[int]) -> None:
+    """checkpoint-N folders with the files a trainer writes, each logging the validation losses so far."""
+    for step in steps:
+        folder = run / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "scheduler.pt"):
+            (folder / name).write_text(f"{name} at {step}")
+        history = [{"step": s, "eval_loss": loss} for s, loss in evals.items() if s <= step]
+        (folder / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+
+
+def test_the_mirror_keeps_the_newest_checkpoint_whole_and_the_best_ones_adapter(tmp_path):
+    from train.checkpoints import mirror_run, restore_run
+    from train.export import best_checkpoint
+
+    run, mirror = tmp_path / "run", tmp_path / "mirror"
+    _fake_checkpoints(run, {20: 0.5, 40: 0.6}, [10, 20, 30, 40, 50])
+    assert mirror_run(run, mirror) == ["checkpoint-20", "checkpoint-50"]
+    assert sorted(p.name for p in (mirror / "checkpoint-50").iterdir()) == sorted(
+        p.name for p in (run / "checkpoint-50").iterdir()
+    )
+    assert sorted(p.name for p in (mirror / "checkpoint-20").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "trainer_state.json",
+    ]
+    # a fresh machine: both come back, the best one is still found, a resume takes the newest
+    fresh = tmp_path / "fresh"
+    assert restore_run(mirror, fresh) == ["checkpoint-20", "checkpoint-50"]
+    assert best_checkpoint(fresh) == 20
+    # a local checkpoint is never overwritten by the mirror's copy
+    (fresh / "checkpoint-50" / "optimizer.pt").write_text("newer, local")
+    assert restore_run(mirror, fresh) == []
+    assert (fresh / "checkpoint-50" / "optimizer.pt").read_text() == "newer, local"
+    # killed between the swap's two renames: the previous mirror is still whole and restores
+    mirror.rename(tmp_path / "mirror.previous")
+    assert restore_run(mirror, tmp_path / "third") == ["checkpoint-20", "checkpoint-50"]
+    # a run with no checkpoint yet leaves the mirror alone
+    assert mirror_run(tmp_path / "empty", tmp_path / "other") == [] and not (tmp_path / "other").exists()
+
+
+@pytest.mark.slow
+def test_a_mirrored_run_resumes_on_a_fresh_machine(tiny_setup, tmp_path, capsys):
+    """`checkpoint_mirror`: a run killed mid-way whose output folder is then lost (a new machine) goes on
+    from the mirrored checkpoint to the same end, and `--checkpoint best` still finds its best adapter."""
+    from transformers import TrainerCallback
+
+    from train.args import parse_args
+    from train.export import best_checkpoint
+    from train.sft import train
+
+    class Dies(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                raise RuntimeError("killed at step 5")
+
+    _, config = tiny_setup
+    out, mirror = tmp_path / "run", tmp_path / "kept" / "mirror"
+    argv = [
+        *("--config", str(config), "--output_dir", str(out), "--checkpoint_mirror", str(mirror)),
+        *("--resume", "latest", "--max_steps", "8", "--save_steps", "2", "--eval_steps", "2"),
+    ]
+    with pytest.raises(RuntimeError, match="killed at step 5"):
+        train(*parse_args(argv), callbacks=[Dies()])
+    assert {p.name for p in mirror.iterdir()} <= {"checkpoint-2", "checkpoint-4"}
+    assert (mirror / "checkpoint-4" / "optimizer.pt").is_file()  # all a resume needs, not the adapter alone
+    assert not mirror.with_name("mirror.partial").exists()
+    shutil.rmtree(out)  # the machine is gone; the mirror was kept
+    train(*parse_args(argv))
+    assert "restored checkpoint-4" in capsys.readouterr().err
+    history = _state(out / "checkpoint-8")["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == list(range(1, 9))  # 1-4 restored, 5-8 trained
+    kept = sorted(p.name for p in mirror.iterdir())
+    best = best_checkpoint(out)
+    assert kept == sorted({"checkpoint-8", f"checkpoint-{best}"})
+    if best != 8:  # the best one's adapter alone, and it exports from a fresh copy of the mirror
+        assert not (mirror / f"checkpoint-{best}" / "optimizer.pt").exists()
+    assert best_checkpoint(mirror) == best
 
 
 @pytest.mark.slow

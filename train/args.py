@@ -54,6 +54,13 @@ class DimmemArguments:
     resume: str | None = field(
         default=None, metadata={"help": "'latest' or a checkpoint folder to resume from"}
     )
+    checkpoint_mirror: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder kept beyond this machine (e.g. committed): after each save it holds the newest "
+            "checkpoint and the best one's adapter; `resume: latest` restores them first (train.checkpoints)"
+        },
+    )
     answer_only_logits: bool = field(
         default=False,
         metadata={

@@ -40,22 +40,19 @@ from dimmem.paths import (
     read_export_config,
     read_run_config,
 )
+from train.checkpoints import best_step, checkpoint_steps
 from train.gguf_base import provenance as gguf_provenance
-
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def best_checkpoint(run: Path) -> int:
     """The saved checkpoint of lowest validation loss, from the trainer's log of the newest one."""
-    saved = {int(p.name.rsplit("-", 1)[1]) for p in run.glob("checkpoint-*") if p.name[11:].isdigit()}
-    if not saved:
+    if not checkpoint_steps(run):
         raise FileNotFoundError(f"--checkpoint best: {run} holds no checkpoint-N folder")
-    state = run / f"checkpoint-{max(saved)}" / "trainer_state.json"
-    history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    losses = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row and row["step"] in saved}
-    if not losses:
+    best = best_step(run)
+    if best is None:
+        state = run / f"checkpoint-{checkpoint_steps(run)[-1]}" / "trainer_state.json"
         raise ValueError(f"--checkpoint best: no saved checkpoint of {run} has a validation loss ({state})")
-    return min(losses, key=lambda step: (losses[step], -step))
+    return best
 
 
 def adapter_dir(run: Path, checkpoint: int | None) -> Path:

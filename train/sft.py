@@ -16,6 +16,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config, get_quantiz
 from dimmem.paths import RUN_CONFIG, dataset_folder
 from train.answer_logits import add_answer_only_head
 from train.args import QWEN3_LINEAR, DimmemArguments
+from train.checkpoints import MirrorCallback, restore_run
 from train.data import (
     load_sft_dataset,
     mix_tasks,
@@ -99,10 +100,17 @@ def train(dimmem_args: DimmemArguments, sft_args: SFTConfig, model_args: ModelCo
     if state.is_main_process:
         describe_rows(train_set, tasks, sft_args)
     model = load_model(model_args, state)
+    out = Path(sft_args.output_dir)
+    if dimmem_args.checkpoint_mirror:
+        mirror = Path(dimmem_args.checkpoint_mirror)
+        callbacks = [*(callbacks or []), MirrorCallback(mirror)]
+        if dimmem_args.resume == "latest":
+            with state.main_process_first():
+                if state.is_main_process:
+                    restore_run(mirror, out)
     trainer = make_trainer(
         model, tokenizer, train_set, eval_set, dimmem_args, sft_args, model_args, callbacks
     )
-    out = Path(sft_args.output_dir)
     if state.is_main_process:  # written now too: a checkpoint can be exported while the run goes on
         write_run_record(out, trainer, None, dimmem_args, sft_args, model_args, state.num_processes)
     trainer.train(resume_from_checkpoint=resume_point(dimmem_args.resume, sft_args.output_dir))
