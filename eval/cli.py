@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import get_args
 
 from dimmem.config import add_set_argument
+from dimmem.runtime.backends import help_lines, standalone
 
 
 def int_list(text: str) -> list[int]:
@@ -90,7 +91,11 @@ def _add_extraction_arguments(sub: argparse._SubParsersAction) -> None:
         type=str_list,
         help="locomo: score only these conversations, e.g. conv-26,conv-30 (those no training saw)",
     )
-    x.add_argument("--extractor", choices=["turns"], help="locomo: the rule extractor (every turn a record)")
+    x.add_argument(
+        "--extractor",
+        choices=standalone(),
+        help=f"locomo: a runtime backend that needs no model; {help_lines(standalone())}",
+    )
     x.add_argument(
         "--labels", help="locomo: a data_gen labels.jsonl of the same windows (a teacher's answers)"
     )

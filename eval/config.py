@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dimmem.config import Section, WindowConfig
 from dimmem.contract.formats import ExtractFormatName
 from dimmem.llm import ModelConfig
+from dimmem.runtime.backends import standalone
 
 
 class Thresholds(Section):
@@ -55,7 +56,8 @@ class ExtractionRun(Section):
     predictions: str | None = (
         None  # stored answers, JSONL {window_id, output, finish_reason?, completion_tokens?}
     )
-    extractor: Literal["turns"] | None = None  # locomo: the rule extractor (every turn a record)
+    # locomo: a runtime extraction backend that needs no model (dimmem.runtime.backends.standalone)
+    extractor: str | None = None
     labels: str | None = None  # locomo: a data_gen labels.jsonl of the same windows (a teacher's answers)
     locomo: LocomoExtraction = LocomoExtraction()
     # what the model speaks (model, hf_model): this contract, or the DimMem authors' format, whose
@@ -73,6 +75,15 @@ class ExtractionRun(Section):
         if references_run and not data.get("references"):
             raise ValueError("missing key 'references' (a datagen output, DIR[:split]; or benchmark: locomo)")
         return data
+
+    @field_validator("extractor")
+    @classmethod
+    def _standalone_extractor(cls, value: str | None) -> str | None:
+        if value is not None and value not in standalone():
+            raise ValueError(
+                f"extractor {value!r}: one of {', '.join(standalone())} (a model: model or hf_model)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ExtractionRun:

@@ -51,7 +51,7 @@ from dimmem.contract.records import MEMORY_FIELDS
 from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.validate import complete_memories, parse_json
 from dimmem.contract.windows import Window
-from dimmem.runtime.extractors import ReplayExtractor, TurnExtractor, WindowRecords, keep_valid
+from dimmem.runtime.extractors import WindowRecords, keep_valid
 from eval.extraction import Prediction, Reference, predict, require_predictions
 from eval.locomo_gold import MEASURES
 from eval.locomo_match import align, dimension_agrees, is_about
@@ -407,12 +407,16 @@ def check_prediction_windows(path: str | Path, windows: list[Window], known: set
 
 
 def _answers(cfg: ExtractionRun, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
-    """The rule extractor's or a labels file's answers, as predictions (the runtime's extractors)."""
-    if cfg.extractor == "turns":
-        answers, source, model = TurnExtractor()(windows), "rule", "turns"
+    """A model-free backend's answers (the rule extractor's, or a labels file's replayed), as
+    predictions: the runtime's own backends, started from a memory config as the runtime starts them."""
+    from dimmem.runtime.config import MemoryConfig
+
+    if cfg.extractor:
+        memory, source, model = MemoryConfig(extractor=cfg.extractor), "rule", cfg.extractor
     else:
         check_labels(cfg.labels, windows)
-        answers, source, model = ReplayExtractor(cfg.labels)(windows), "labels", cfg.labels
+        memory, source, model = MemoryConfig(extractor="replay", labels=cfg.labels), "labels", cfg.labels
+    answers = memory.build_extractor()(windows)
     predictions = {
         w: Prediction(w, "", error=a) if isinstance(a, str) else Prediction(w, json.dumps(a), "stop")
         for w, a in answers.items()

@@ -79,9 +79,9 @@ class ServeConfig(Section):
 
     def memory_overrides(self) -> list[str]:
         """What this service sets in its memory config: the student as the extractor, or nothing."""
-        from dimmem.runtime.student import STUDENT_OVERRIDES
+        from dimmem.runtime.backends import chosen
 
-        return list(STUDENT_OVERRIDES) if self.student else []
+        return chosen("student") if self.student else []
 
     def _variables(self) -> dict[str, str]:
         """Variable -> who it names ("tenant a", "the operator")."""

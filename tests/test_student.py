@@ -177,22 +177,26 @@ def test_one_flag_makes_the_student_the_extractor_everywhere(tmp_path, monkeypat
     """`--student` on `memory add`/`extract`, `serve api` and `serve mcp` (`student: true` in their
     configs) builds the runtime with the student as its extractor, which loads nothing until a window is
     asked of it."""
-    import argparse
-
+    from dimmem.cli import build_parser
     from dimmem.config import load_config
     from dimmem.runtime.cli import _runtime
     from dimmem.runtime.student import SHIPPED, StudentExtractor
     from serve.app import build_app
     from serve.config import McpConfig, load_serve_config
 
-    args = argparse.Namespace(
-        config=str(CONFIG_DIR / "memory" / "default.yaml"), overrides=[], store=None, student=True
-    )
-    args.memory_command = "extract"
-    memory = _runtime(args)
-    assert isinstance(memory.extractor, StudentExtractor) and memory.extractor.folder == SHIPPED
-    assert memory.extractor._service is None
-    memory.close()
+    for flag in (["--student"], ["--extractor", "student"]):
+        args = build_parser("memory").parse_args(
+            ["memory", "extract", *flag, "--format", "locomo", "--input", "x"]
+        )
+        memory = _runtime(args)
+        assert isinstance(memory.extractor, StudentExtractor) and memory.extractor.folder == SHIPPED
+        assert memory.extractor._service is None
+        assert (memory.config.windows.window, memory.config.windows.overlap) == (25, 5)  # as it trained
+        memory.close()
+    with pytest.raises(SystemExit):  # one backend or the other
+        build_parser("memory").parse_args(
+            ["memory", "add", "--student", "--extractor", "turns", "--format", "x"]
+        )
     monkeypatch.setenv("DIMMEM_API_KEY", "a-key-of-sixteen-chars")
     config = load_serve_config(
         CONFIG_DIR / "serve" / "default.yaml", store=str(tmp_path / "m.sqlite"), student=True

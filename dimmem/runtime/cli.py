@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--input", required=True)
     add.add_argument("--user", help="one user for all conversations (default: each conversation's id)")
     add.add_argument("--limit", type=int, help="at most this many conversations")
-    student_flag(add)
+    extractor_flags(add)
     add.set_defaults(memory_handler=run_add)
 
     extract = sub.add_parser(
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extract.add_argument("--conversation", help="the conversation's id (default: the first)")
     extract.add_argument("--turns", type=int, help="only its first N turns")
     extract.add_argument("--json", action="store_true", help="one JSON record a line")
-    student_flag(extract)
+    extractor_flags(extract)
     extract.set_defaults(memory_handler=run_extract)
 
     load = sub.add_parser("load", help="add a datagen labels.jsonl (each conversation as its own user)")
@@ -94,12 +94,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     local.set_defaults(memory_handler=run_postgres)
 
 
-def student_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+def extractor_flags(parser: argparse.ArgumentParser) -> None:
+    from dimmem.runtime.backends import BACKENDS, help_lines
+
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--extractor",
+        choices=list(BACKENDS),
+        help=f"the extraction backend instead of the config's (with the settings it brings): {help_lines()}",
+    )
+    which.add_argument(
         "--student",
-        action="store_true",
-        help="extract with the shipped student (llama.cpp on this machine, built on first use) instead of "
-        "the config's extractor",
+        action="store_const",
+        const="student",
+        dest="extractor",
+        help="--extractor student: the shipped student (llama.cpp on this machine, built on first use)",
     )
 
 
@@ -108,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _runtime(args: argparse.Namespace):
+    from dimmem.runtime.backends import chosen
     from dimmem.runtime.memory import Memory
-    from dimmem.runtime.student import STUDENT_OVERRIDES
 
-    student = list(STUDENT_OVERRIDES) if getattr(args, "student", False) else []
+    extractor = chosen(args.extractor) if getattr(args, "extractor", None) else []
     store = getattr(args, "store", None) or (":memory:" if args.memory_command == "extract" else None)
-    return Memory.from_config(args.config, [*student, *args.overrides], store=store)
+    return Memory.from_config(args.config, [*extractor, *args.overrides], store=store)
 
 
 def _print_update_stats(memory) -> None:

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from dimmem.config import Section, WindowConfig, load_config
 from dimmem.contract.formats import ExtractFormatName
 from dimmem.llm import ModelConfig
+from dimmem.runtime.backends import backend, help_lines
 
 SQLITE_URL = "sqlite:///"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -150,7 +151,7 @@ class MemoryConfig(Section):
     )
     embedder: EmbedderConfig = EmbedderConfig()
     model: ModelConfig | None = Field(None, description="the endpoint of the 'model' components")
-    extractor: Literal["model", "student", "replay", "turns"] = "turns"
+    extractor: str = Field("turns", description="the extraction backend: " + help_lines())
     student: StudentConfig = StudentConfig()
     extractor_format: ExtractFormatName = Field(
         "dimmem",
@@ -175,14 +176,21 @@ class MemoryConfig(Section):
     def _known_store(cls, value: str) -> str:
         return _check_store(value)
 
+    @field_validator("extractor")
+    @classmethod
+    def _known_extractor(cls, value: str) -> str:
+        return backend(value).name
+
     @model_validator(mode="after")
     def _consistent(self) -> MemoryConfig:
-        components = ("extractor", "query_parser", "consolidator")
-        users = [name for name in components if getattr(self, name) == "model"]
+        extractor = backend(self.extractor)
+        users = ["extractor"] if "model" in extractor.needs else []
+        users += [name for name in ("query_parser", "consolidator") if getattr(self, name) == "model"]
         if users and self.model is None:
             raise ValueError(f"{'/'.join(users)} 'model' needs a `model:` section (base_url, model)")
-        if self.extractor == "replay" and not self.labels:
-            raise ValueError("extractor 'replay' needs `labels:` (a data_gen labels.jsonl)")
+        for key, what in extractor.needs.items():
+            if not getattr(self, key):
+                raise ValueError(f"extractor {extractor.name!r} needs {what}")
         return self
 
     def store_url(self) -> str:
@@ -225,19 +233,8 @@ class MemoryConfig(Section):
         return make_embedder(**self.embedder.model_dump())
 
     def build_extractor(self, client=None):
-        from dimmem.contract.formats import extract_format
-        from dimmem.runtime.extractors import EndpointExtractor, ReplayExtractor, TurnExtractor
-
-        if self.extractor == "model":
-            fmt = extract_format(self.extractor_format)
-            return EndpointExtractor(client or self.client(), self.model.concurrency, fmt)
-        if self.extractor == "student":
-            from dimmem.runtime.student import StudentExtractor
-
-            return StudentExtractor(self.student)
-        if self.extractor == "replay":
-            return ReplayExtractor(self.labels)
-        return TurnExtractor()
+        """The extraction backend `extractor` names (dimmem.runtime.backends), started."""
+        return backend(self.extractor).start(self, client)
 
     def build_query_parser(self, client=None):
         if self.query_parser == "model":

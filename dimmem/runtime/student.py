@@ -22,9 +22,6 @@ from dimmem.gguf_file import PackagedModelError, assemble_parts, file_sha256
 from dimmem.paths import CHECKSUMS, LORA_GGUF, RUN_CONFIG, cache_dir, read_run_config
 
 SHIPPED = Path(__file__).resolve().parent.parent / "students" / "qwen25-coder-0.5b-locomo"
-# what `--student` sets in a memory config: the student as the extractor, at the windows it trained on
-# (25 turns, 5 of them the overlap); a --set given with it wins
-STUDENT_OVERRIDES = ("extractor=student", "windows.window=25", "windows.overlap=5")
 
 
 def checked(folder: Path, name: str) -> Path:
