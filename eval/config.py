@@ -81,7 +81,7 @@ class ExtractionRun(Section):
     def _standalone_extractor(cls, value: str | None) -> str | None:
         if value is not None and value not in standalone():
             raise ValueError(
-                f"extractor {value!r}: one of {', '.join(standalone())} (a model: model or hf_model)"
+                f"extractor {value!r}: one of {', '.join(standalone())} (a model: give model or hf_model)"
             )
         return value
 
