@@ -26,6 +26,7 @@ def train_and_export(root: Path, profile: Path, dataset: Path, **overrides) -> P
         dataset_path=str(dataset),
         model_name_or_path=str(root / "base"),
         output_dir=str(root / "run"),
+        checkpoint_mirror=str(root / "mirror"),  # never the repository's committed one
         **CI_SIZED,
         **overrides,
     )
