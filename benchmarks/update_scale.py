@@ -95,7 +95,7 @@ def run_store(url: str, sizes: list[int], data: dict, args) -> list[dict]:
     encoder = data["encoder"]
     embedder = Precomputed(encoder)
     memory = Memory({"store": url}, embedder=embedder)
-    rows, out, stored, seed = [], [], 0, 100
+    out, stored, seed = [], 0, 100
     try:
         for user in range(args.small_users):  # the neighbours the big user shares the store with
             fill(
@@ -109,18 +109,13 @@ def run_store(url: str, sizes: list[int], data: dict, args) -> list[dict]:
             rows = records(max(size - stored, 0), *data["corpus"], f"f{size}-", size)
             fill_s = fill(memory, "big", rows, embedder.table, f"fill to {size:,}")
             stored = max(size, stored)
+
             # new texts for every round: an embedder (or a cache) never sees a text twice
-            fresh = [
-                [r for r, _ in records(args.probe, *data["corpus"], f"p{size}-{k}-", 7 * size + k)]
-                for k in range(args.rounds)
-            ]
-            alone = [
-                [
-                    r["content"]
-                    for r, _ in records(args.probe, *data["corpus"], f"a{size}-{k}-", 11 * size + k)
-                ]
-                for k in range(args.rounds)
-            ]
+            def new(prefix: str, draw: int) -> list[dict]:
+                return [r for r, _ in records(args.probe, *data["corpus"], prefix, draw)]
+
+            fresh = [new(f"p{size}-{k}-", 7 * size + k) for k in range(args.rounds)]
+            alone = [[r["content"] for r in new(f"a{size}-{k}-", 11 * size + k)] for k in range(args.rounds)]
             row = {
                 "size": stored,
                 "fill_ms_per_record": round(fill_s / len(rows) * 1000, 3) if rows else None,

@@ -46,11 +46,12 @@ from train.gguf_base import provenance as gguf_provenance
 
 def best_checkpoint(run: Path) -> int:
     """The saved checkpoint of lowest validation loss, from the trainer's log of the newest one."""
-    if not checkpoint_steps(run):
+    saved = checkpoint_steps(run)
+    if not saved:
         raise FileNotFoundError(f"--checkpoint best: {run} holds no checkpoint-N folder")
     best = best_step(run)
     if best is None:
-        state = run / f"checkpoint-{checkpoint_steps(run)[-1]}" / "trainer_state.json"
+        state = run / f"checkpoint-{saved[-1]}" / "trainer_state.json"
         raise ValueError(f"--checkpoint best: no saved checkpoint of {run} has a validation loss ({state})")
     return best
 
