@@ -82,18 +82,17 @@ def main(argv: list[str] | None = None) -> int:
 def student_rows(folder: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
     """`student`: the folder as the runtime runs it; `student-<draft>`: with that n-gram drafting;
     `student-parallel-N`: N windows decoded together (N requests in flight)."""
-    from dimmem.paths import LORA_GGUF
-    from dimmem.runtime.student import base_gguf, checked
+    from dimmem.runtime.config import StudentConfig
+    from dimmem.runtime.student import student_service
 
-    model, lora = base_gguf(folder), checked(folder, LORA_GGUF)
     rows = {}
     for backend in backends:
         setting = backend.removeprefix("student").removeprefix("-")
         parallel = int(setting.removeprefix("parallel-")) if setting.startswith("parallel-") else 1
         draft = setting if setting and not setting.startswith("parallel-") else "none"
         port = free_port()
-        flags = {"lora": lora, "ctx": 6144, "parallel": parallel, "draft": draft}
-        with llamacpp_service(out / f"{backend}.log", model, port, **flags):
+        flags = {"parallel": parallel, "draft": draft}
+        with student_service(folder, out / f"{backend}.log", port, StudentConfig(), **flags):
             rows[f"llama.cpp base + LoRA, {setting or 'plain'}"] = extraction(
                 out, backend, common, *endpoint(port, parallel)
             )

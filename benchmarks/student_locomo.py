@@ -87,15 +87,11 @@ def served(out: Path, name: str, export: str, conversations: list[str]) -> dict:
 
 def on_llama_cpp(out: Path, name: str, folder: str, conversations: list[str]) -> dict:
     """A student folder served as `extractor: student` serves it: its base and adapter on llama.cpp."""
-    from dimmem.llamacpp import llamacpp_service
-    from dimmem.paths import LORA_GGUF
     from dimmem.runtime.config import StudentConfig
-    from dimmem.runtime.student import base_gguf, checked
+    from dimmem.runtime.student import student_service
 
     settings, port = StudentConfig(), free_port()
-    model, lora = base_gguf(Path(folder)), checked(Path(folder), LORA_GGUF)
-    log = out / f"{name}.llamacpp.log"
-    with llamacpp_service(log, model, port, lora=lora, ctx=settings.context, parallel=settings.parallel):
+    with student_service(Path(folder), out / f"{name}.llamacpp.log", port, settings):
         flags = [*endpoint(port, settings.parallel), "--max-tokens", str(settings.max_tokens)]
         return extraction(out, name, conversations, *flags)
 

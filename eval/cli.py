@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import get_args
 
 from dimmem.config import add_set_argument
-from dimmem.runtime.backends import help_lines, standalone
+from eval.sources import SOURCES
 
 
 def int_list(text: str) -> list[int]:
@@ -91,19 +91,9 @@ def _add_extraction_arguments(sub: argparse._SubParsersAction) -> None:
         type=str_list,
         help="locomo: score only these conversations, e.g. conv-26,conv-30 (those no training saw)",
     )
-    x.add_argument(
-        "--extractor",
-        choices=standalone(),
-        help=f"locomo: a runtime backend that needs no model; {help_lines(standalone())}",
-    )
-    x.add_argument(
-        "--labels", help="locomo: a data_gen labels.jsonl of the same windows (a teacher's answers)"
-    )
-    x.add_argument("--base-url", help="an OpenAI-compatible endpoint serving the extractor")
-    x.add_argument("--hf-model", help="a local Hugging Face model or export folder (transformers generation)")
-    x.add_argument(
-        "--predictions", help="stored answers, JSONL {window_id, output, finish_reason?, completion_tokens?}"
-    )
+    answers = x.add_argument_group("the answers to score (exactly one source)")
+    for source in SOURCES:
+        answers.add_argument(source.flag, choices=source.choices, help=source.help)
     x.add_argument("--model", help="model name at --base-url")
     x.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
     x.add_argument(
@@ -195,24 +185,25 @@ def run_extraction(args: argparse.Namespace) -> int:
 
         print(locomo_summary(run_locomo(cfg, out, cache), out))
         return 0
-    from eval.extraction import attach_windows, evaluate, load_references, predict
+    from eval.extraction import attach_windows, evaluate, load_references
+    from eval.sources import answers
 
     refs = load_references(cfg.references, cfg.limit)
     if cfg.extractor_format != "dimmem" and not cfg.predictions:
         refs = attach_windows(refs, cfg.references)
     start = time.perf_counter()
-    predictions, source, model = predict(cfg, refs, cache)
+    predictions, source = answers(cfg, refs, cache)
     wall = time.perf_counter() - start
     run_info = {
         "name": out.name,
         "references": cfg.references,
-        "source": source,
-        "model": model,
+        "source": source.name,
+        "model": source.label(cfg),
         "constrained": bool(cfg.model and cfg.model.structured_outputs),
         "max_tokens": cfg.max_tokens,
         "extractor_format": cfg.extractor_format,
     }
-    metrics = evaluate(refs, predictions, out, run_info, wall)
+    metrics = evaluate(refs, predictions, out, run_info, wall if source.generates else None)
     print(
         f"{metrics['windows']} windows: parse {metrics['parse_rate']:.3f}, "
         f"schema-valid {metrics['schema_valid_rate']:.3f}, "

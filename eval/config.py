@@ -11,6 +11,7 @@ from dimmem.config import Section, WindowConfig
 from dimmem.contract.formats import ExtractFormatName
 from dimmem.llm import ModelConfig
 from dimmem.runtime.backends import standalone
+from eval.sources import SOURCES, given
 
 
 class Thresholds(Section):
@@ -87,20 +88,22 @@ class ExtractionRun(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ExtractionRun:
-        sources = ("model", "hf_model", "predictions", "extractor", "labels")
-        given = [name for name in sources if getattr(self, name) is not None]
-        if len(given) != 1:
+        found = given(self)
+        if len(found) != 1:
             raise ValueError(
-                f"give exactly one answer source of {', '.join(sources)} (got {given or 'none'})"
+                f"give exactly one answer source of {', '.join(s.key for s in SOURCES)} "
+                f"(got {[s.key for s in found] or 'none'})"
             )
-        if self.extractor_format != "dimmem" and given[0] not in ("model", "hf_model"):
+        (source,) = found
+        if self.extractor_format != "dimmem" and not source.model:
+            models = " or ".join(s.key for s in SOURCES if s.model)
             raise ValueError(
-                f"extractor_format {self.extractor_format} is what a model speaks: give model or hf_model "
-                f"(stored {given[0]} are contract answers)"
+                f"extractor_format {self.extractor_format} is what a model speaks: give {models} "
+                f"(stored {source.key} are contract answers)"
             )
         if self.benchmark == "references":
-            if given[0] in ("extractor", "labels"):
-                raise ValueError(f"{given[0]} runs on LoCoMo windows only: set benchmark: locomo")
+            if source.locomo_only:
+                raise ValueError(f"{source.key} runs on LoCoMo windows only: set benchmark: locomo")
         elif self.references:
             raise ValueError("benchmark locomo scores against LoCoMo's annotations: drop references")
         elif self.limit is not None:

@@ -19,19 +19,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dimmem.cache import Completion, ResponseCache, digest
-from dimmem.contract.formats import ExtractFormat, extract_format
+from dimmem.contract.formats import ExtractFormat
 from dimmem.contract.validate import TurnScope
 from dimmem.contract.windows import Window, job_windows
 from dimmem.llm import FatalModelError, ModelClient, ModelError, UnreachableError
 from dimmem.paths import dataset_folder
 from dimmem.progress import progress
 from eval.metrics import aggregate, score_window
-
-if TYPE_CHECKING:
-    from eval.config import ExtractionRun
 
 
 @dataclass
@@ -191,34 +187,6 @@ def predict_hf(
     return out
 
 
-def predict(
-    cfg: ExtractionRun, refs: list[Reference], cache: ResponseCache
-) -> tuple[dict[str, Prediction], str, str]:
-    """(predictions, source, model) from the run's one model answer source (`ExtractionRun`): stored
-    answers, a local model or an endpoint; a model speaking another extract format is asked in it and
-    its answers mapped onto the contract."""
-    if cfg.predictions:
-        return read_predictions(cfg.predictions), "predictions", cfg.predictions
-    fmt = extract_format(cfg.extractor_format)
-    if fmt.name != "dimmem":
-        refs = [in_format(ref, fmt) for ref in refs]
-    if cfg.hf_model:
-        found = predict_hf(refs, cfg.hf_model, cache, cfg.max_tokens, cfg.batch_size)
-        source, model = "hf", cfg.hf_model
-    else:
-        # another server answering to the same model name is another model: the endpoint is in the key
-        client = ModelClient(cfg.model, cache=cache, key_extra={"endpoint": cfg.model.base_url})
-        found, source, model = (
-            predict_endpoint(refs, client, cfg.max_tokens, fmt),
-            "endpoint",
-            cfg.model.model,
-        )
-    if fmt.name != "dimmem":
-        windows = {ref.window_id: ref.window for ref in refs}
-        found = {wid: in_contract(p, windows[wid], fmt) for wid, p in found.items()}
-    return found, source, model
-
-
 def in_format(ref: Reference, fmt: ExtractFormat) -> Reference:
     """The reference with its prompt in `fmt` (its window's turns are needed: `attach_windows`)."""
     if ref.window is None:
@@ -308,7 +276,8 @@ def evaluate(
     run_info: dict,
     wall_seconds: float | None,
 ) -> dict:
-    """Score every window and write the run folder; returns metrics.json's content."""
+    """Score every window and write the run folder; returns metrics.json's content. `wall_seconds`: how
+    long this run took to generate the answers (None: it generated none, stored answers were read)."""
     require_predictions([r.window_id for r in refs], predictions)
     out.mkdir(parents=True, exist_ok=True)
     windows = []
@@ -328,14 +297,12 @@ def evaluate(
     metrics = aggregate(windows)
     known = [t for r in refs if (t := predictions[r.window_id].completion_tokens) is not None]
     fresh = [predictions[r.window_id] for r in refs if not predictions[r.window_id].cached]
-    timed = (
-        wall_seconds and fresh and run_info.get("source") != "predictions"
-    )  # throughput of what this run generated
+    timed = wall_seconds and fresh  # throughput of what this run generated
     metrics.update(
         output_tokens_per_window=sum(known) / len(known) if known else None,
         windows_per_s=len(fresh) / wall_seconds if timed else None,
         output_tokens_per_s=sum(p.completion_tokens or 0 for p in fresh) / wall_seconds if timed else None,
-        generated_windows=len(fresh) if run_info.get("source") != "predictions" else 0,
+        generated_windows=len(fresh) if wall_seconds is not None else 0,
         run=run_info,
     )
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

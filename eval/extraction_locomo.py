@@ -52,11 +52,12 @@ from dimmem.contract.timespan import overlaps, parse_span
 from dimmem.contract.validate import complete_memories, parse_json
 from dimmem.contract.windows import Window
 from dimmem.runtime.extractors import WindowRecords, keep_valid
-from eval.extraction import Prediction, Reference, predict, require_predictions
+from eval.extraction import Prediction, Reference, require_predictions
 from eval.locomo_gold import MEASURES
 from eval.locomo_match import align, dimension_agrees, is_about
 from eval.locomo_sample import write_sample
 from eval.metrics import token_f1
+from eval.sources import answers
 
 if TYPE_CHECKING:
     from dimmem.cache import ResponseCache
@@ -354,35 +355,6 @@ def select(conversations: list[Conversation], wanted: list[str] | None) -> list[
     return [c for c in conversations if c.id in set(wanted)]
 
 
-def check_labels(path: str | Path, windows: list[Window]) -> None:
-    """Refuse a labels file windowed differently from this benchmark: its answers would be scored against
-    other turns. Each label row names the global turns it cites; they must be new turns of our window."""
-    new = {w.id: {t.id for t in w.new} for w in windows}
-    conversations = {w.conversation_id for w in windows}
-    found = 0
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: line {number}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or "window_id" not in row:
-                raise ValueError(f"{path}: line {number}: not a data_gen label row (no window_id)")
-            if row.get("task") != "extract" or row.get("conversation_id") not in conversations:
-                continue
-            turns = {t for m in row.get("memories") or [] for t in m.get("source_turns") or []}
-            outside = sorted(turns - new.get(row["window_id"], set()))
-            if row["window_id"] not in new or outside:
-                raise ValueError(
-                    f"{path}: line {number}: window {row['window_id']} was cut differently from this "
-                    f"benchmark's windows (its records cite {outside}); "
-                    "score labels made with the same locomo.windows settings"
-                )
-            found += 1
-    if not found:
-        raise ValueError(f"{path}: no extract label for any window of {sorted(conversations)}")
-
-
 def check_prediction_windows(path: str | Path, windows: list[Window], known: set[str], source: Path) -> None:
     """Refuse stored answers for conversations the input does not hold, or for windows this benchmark
     does not cut (another windowing): scored, they would be dropped without a word."""
@@ -406,24 +378,6 @@ def check_prediction_windows(path: str | Path, windows: list[Window], known: set
                 )
 
 
-def _answers(cfg: ExtractionRun, windows: list[Window]) -> tuple[dict[str, Prediction], str, str]:
-    """A model-free backend's answers (the rule extractor's, or a labels file's replayed), as
-    predictions: the runtime's own backends, started from a memory config as the runtime starts them."""
-    from dimmem.runtime.config import MemoryConfig
-
-    if cfg.extractor:
-        memory, source, model = MemoryConfig(extractor=cfg.extractor), "rule", cfg.extractor
-    else:
-        check_labels(cfg.labels, windows)
-        memory, source, model = MemoryConfig(extractor="replay", labels=cfg.labels), "labels", cfg.labels
-    answers = memory.build_extractor()(windows)
-    predictions = {
-        w: Prediction(w, "", error=a) if isinstance(a, str) else Prediction(w, json.dumps(a), "stop")
-        for w, a in answers.items()
-    }
-    return predictions, source, model
-
-
 class _Vectors:
     """Unit-length embeddings, each distinct text encoded once per run."""
 
@@ -445,11 +399,8 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
     input_path, everything, conversations, windows = benchmark_windows(cfg)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    if cfg.extractor or cfg.labels:
-        predictions, source, model = _answers(cfg, windows)
-    else:
-        refs = [Reference(win.id, extract_messages(win), "", win.scope, win) for win in windows]
-        predictions, source, model = predict(cfg, refs, cache)
+    refs = [Reference(win.id, extract_messages(win), "", win.scope, win) for win in windows]
+    predictions, source = answers(cfg, refs, cache)
     wall = time.perf_counter() - start
     if cfg.predictions:
         check_prediction_windows(cfg.predictions, windows, {c.id for c in everything}, input_path)
@@ -470,7 +421,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         )
         for c in conversations
     }
-    fresh = [p for p in predictions.values() if not p.cached] if source in ("hf", "endpoint") else []
+    fresh = [p for p in predictions.values() if not p.cached] if source.generates else []
     metrics = {
         "benchmark": "locomo",
         **score_metrics(cfg.locomo, scores, golds, thresholds),
@@ -483,7 +434,7 @@ def run_locomo(cfg: ExtractionRun, out: Path, cache: ResponseCache) -> dict:
         },
         "unknown_evidence": [u for g in golds.values() for u in g.unknown_evidence],
         **speed(fresh, wall),
-        "run": run_info(cfg, out, input_path, source, model),
+        "run": run_info(cfg, out, input_path, source.name, source.label(cfg)),
     }
     _write_windows(out, scored, golds, scores)
     matches = {cid: s.matches.get("fact", {}) for cid, s in scores.items()}

@@ -68,6 +68,26 @@ def base_gguf(folder: Path) -> Path:
     return path
 
 
+def student_service(folder: Path, log: Path, port: int, settings, **flags):
+    """A student folder served by llama.cpp as `extractor: student` serves it (a `with` block): its base
+    GGUF with the adapter as a GGUF LoRA, under `settings` (a StudentConfig); `flags`: further llama.cpp
+    settings, or ones a benchmark varies (parallel slots, drafting)."""
+    from dimmem.llamacpp import llamacpp_service
+
+    adapter = checked(folder, LORA_GGUF)
+    try:
+        base = base_gguf(folder)
+    except PackagedModelError as exc:
+        raise PackagedModelError(f"the student's base cannot be installed: {exc}") from None
+    own = {
+        "lora": adapter,
+        "threads": settings.threads,
+        "parallel": settings.parallel,
+        "ctx": settings.context,
+    }
+    return llamacpp_service(log, base, port, startup_timeout=settings.startup_timeout, **(own | flags))
+
+
 class StudentExtractor:
     """An EndpointExtractor over the student served by llama.cpp, started on the first window it is
     asked for (a process that only searches never loads the model)."""
@@ -90,28 +110,13 @@ class StudentExtractor:
 
     def _start(self):
         from dimmem.launch import free_port
-        from dimmem.llamacpp import SERVED_NAME, llamacpp_service
+        from dimmem.llamacpp import SERVED_NAME
         from dimmem.llm import ModelClient, ModelConfig
         from dimmem.runtime.extractors import EndpointExtractor
 
-        adapter = checked(self.folder, LORA_GGUF)
-        try:
-            base = base_gguf(self.folder)
-        except PackagedModelError as exc:
-            raise PackagedModelError(f"the student's base cannot be installed: {exc}") from None
         c, port = self.config, free_port()
         log = cache_dir() / "logs" / f"student-{os.getpid()}-{port}.log"
-        service = llamacpp_service(
-            log,
-            base,
-            port,
-            startup_timeout=c.startup_timeout,
-            lora=adapter,
-            threads=c.threads,
-            parallel=c.parallel,
-            ctx=c.context,
-            exit_with_parent=True,
-        )
+        service = student_service(self.folder, log, port, c, exit_with_parent=True)
         service.__enter__()
         self._service = service
         atexit.register(self.close)
