@@ -109,7 +109,6 @@ SOURCES = (
                  "a data_gen labels.jsonl of the same windows (a teacher's answers)", _labels,
                  locomo_only=True),
 )  # fmt: skip
-BY_NAME = {s.name: s for s in SOURCES}
 
 
 def given(cfg) -> list[AnswerSource]:
