@@ -10,6 +10,7 @@ import pytest
 from dimmem.contract.records import memory_record
 from dimmem.contract.validate import TurnScope
 from eval.metrics import MATCH_THRESHOLD, aggregate, score_window, token_f1
+from eval.sources import SOURCES
 
 SCOPE = TurnScope({"t1": "Ann", "t2": "Bob", "t3": "Ann", "t4": "Bob"}, frozenset({"t3", "t4"}))
 HIKE = memory_record(
@@ -447,3 +448,24 @@ def test_memory_qa_reasks_a_judge_without_verdict_and_counts_its_failures(tmp_pa
         assert full["judge_failure_rate"] == full["judge_failures"] / 8 > 0
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("row", SOURCES, ids=lambda row: row.key)
+def test_each_answer_source_is_one_flag_that_selects_it_alone(row):
+    """Every row of the answer-source table is offered by `dimmem eval extraction` as its flag, and the
+    flag's value lands where the config finds that source, and that one only: a source cannot be half
+    added. Its `label` is what the run records as its model."""
+    import argparse
+
+    from eval.cli import add_arguments, load_run
+    from eval.sources import given
+
+    value = row.choices[0] if row.choices else "somewhere"
+    argv = ["extraction", "--out", "o", row.flag, value]
+    argv += ["--benchmark", "locomo"] if row.locomo_only else ["--references", "runs/x"]
+    argv += ["--model", "served-name"] if row.key == "model" else []
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = load_run(parser.parse_args(argv))
+    assert given(cfg) == [row]
+    assert row.label(cfg) == ("served-name" if row.key == "model" else value)
