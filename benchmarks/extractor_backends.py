@@ -1,13 +1,13 @@
 """One extractor under each CPU backend and setting, side by side in one run: transformers generation,
 vLLM for CPU, llama.cpp on a merged export's GGUF files (f16, q8_0, q4_k_m), and a student folder (its
-base GGUF with the adapter as a GGUF LoRA, as `extractor: student` runs it) plain, with n-gram drafting
-(`--draft`) and with windows decoded in parallel slots. The same windows, the same greedy decoding and
-budget; each row is a `dimmem eval extraction` run folder under OUT.
+base GGUF with the adapter folded in, as `extractor: student` runs it, or applied at run time) plain, with
+n-gram drafting (`--draft`) and with windows decoded in parallel slots. The same windows, the same greedy
+decoding and budget; each row is a `dimmem eval extraction` run folder under OUT.
 
     python -m benchmarks.extractor_backends --export runs/student/export-ck60-gguf \\
         --references runs/student/heldout/labels-datagen:train --limit 8 --out runs/bench/backends
     python -m benchmarks.extractor_backends --student-folder dimmem/students/qwen25-coder-0.5b-locomo \\
-        --backends student,student-ngram-map-k,student-parallel-2 --references ... --out ...
+        --backends student,student-lora,student-ngram-map-k --references ... --out ...
 
 Table in OUT/table.md, numbers in OUT/summary.json; speed is relative to the first row measured in the
 same run.
@@ -79,22 +79,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+ROW_NAMES = {  # a student row's name in the table, by its setting
+    "": "base + LoRA merged (Q8_0), plain",
+    "lora": "base + LoRA at run time, plain",
+}
+
+
 def student_rows(folder: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
-    """`student`: the folder as the runtime runs it; `student-<draft>`: with that n-gram drafting;
-    `student-parallel-N`: N windows decoded together (N requests in flight)."""
+    """`student`: the folder as the runtime runs it (the adapter folded into a Q8_0 copy of the base);
+    `student-lora`: the adapter applied at run time over the base, as trained; `student-<draft>`: with
+    that n-gram drafting; `student-parallel-N`: N windows decoded together (N requests in flight)."""
     from dimmem.runtime.config import StudentConfig
     from dimmem.runtime.student import student_service
 
     rows = {}
     for backend in backends:
         setting = backend.removeprefix("student").removeprefix("-")
-        parallel = int(setting.removeprefix("parallel-")) if setting.startswith("parallel-") else 1
-        draft = setting if setting and not setting.startswith("parallel-") else "none"
+        flags: dict = {"parallel": 1, "draft": "none"}
+        if setting.startswith("parallel-"):
+            flags["parallel"] = int(setting.removeprefix("parallel-"))
+        elif setting == "lora":
+            flags["no_merge"] = True
+        elif setting:
+            flags["draft"] = setting
         port = free_port()
-        flags = {"parallel": parallel, "draft": draft}
         with student_service(folder, out / f"{backend}.log", port, StudentConfig(), **flags):
-            rows[f"llama.cpp base + LoRA, {setting or 'plain'}"] = extraction(
-                out, backend, common, *endpoint(port, parallel)
+            rows[ROW_NAMES.get(setting, f"merged, {setting}")] = extraction(
+                out, backend, common, *endpoint(port, flags["parallel"])
             )
     return rows
 

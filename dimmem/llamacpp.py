@@ -16,6 +16,7 @@ starts the same server as a child process (`python -m dimmem.llamacpp`) for the 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -24,9 +25,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from dimmem.gguf_file import open_gguf
+from dimmem.gguf_file import file_sha256, merge_lora, open_gguf
 from dimmem.launch import Service, port_in_use
-from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY, read_export_config
+from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY, built_once, cache_dir, read_export_config
 
 SERVED_NAME = "dimmem-extractor"
 INT32_MAX = 2**31 - 1  # llama.cpp's counts (context, slots, threads) are C ints
@@ -178,6 +179,12 @@ def add_arguments(parser) -> None:
     count = int_between(1, INT32_MAX)
     parser.add_argument("--model", required=True, help="a .gguf file, or an export folder with GGUF files")
     parser.add_argument("--lora", help="a LoRA adapter as GGUF (adapter.gguf) to apply over the model")
+    parser.add_argument(
+        "--no-merge",
+        action="store_true",
+        help="apply --lora at run time; by default the model is served with the adapter folded into its "
+        "weights (built once, cached; Q8_0 where the model's blocks are coarser), which decodes faster",
+    )
     parser.add_argument("--quant", help="which of the export's GGUF files (f16, q8_0, q4_k_m; default q8_0)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port_number, default=8080)
@@ -213,6 +220,8 @@ def run_llamacpp(args) -> int:
         if not key:
             raise LlamaCppError(f"--api-key-env {args.api_key_env}: the variable is not set or empty")
     lora = check_adapter(Path(args.lora), gguf) if args.lora else None
+    if lora is not None and not args.no_merge:
+        gguf, lora = merged_model(gguf, lora), None
     params = server_params(
         gguf,
         meta,
@@ -240,6 +249,25 @@ def run_llamacpp(args) -> int:
         if args.exit_with_parent and os.getppid() != parent:  # orphaned: the parent was killed
             break
     return 0
+
+
+def merged_model(model: Path, lora: Path) -> Path:
+    """`model` with the LoRA `lora` folded into its weights (`gguf_file.merge_lora`), built once per pair of
+    files and kept in the dimmem cache: llama.cpp decodes it faster on a CPU than the model with the
+    adapter applied at run time (BENCHMARKS.md), and answers as it does but for rounding."""
+    stat = model.stat()
+    key = hashlib.sha256(f"{model.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{file_sha256(lora)}".encode())
+
+    def merge(path: Path) -> None:
+        # stderr: the child's stdout carries the line that says where it serves
+        print(f"folding {lora.name} into {model.name} (once; kept in {path.parent})", file=sys.stderr)
+        merge_lora(model, lora, path)
+
+    return built_once(
+        cache_dir() / "gguf" / "merged" / key.hexdigest()[:16] / f"{model.stem}+lora.gguf",
+        key.hexdigest(),
+        merge,
+    )
 
 
 def check_adapter(path: Path, model: Path) -> Path:

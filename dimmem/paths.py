@@ -6,8 +6,10 @@ Datasets and the tokenizer are never copied into the project: they are read from
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +25,22 @@ def cache_dir() -> Path:
     """Where what is built once lives (the embedder's ONNX export, fitted thresholds, the shipped
     student's base): `$DIMMEM_CACHE`, else ~/.cache/dimmem."""
     return Path(os.environ.get("DIMMEM_CACHE") or Path.home() / ".cache" / "dimmem")
+
+
+def built_once(path: Path, key: str, build: Callable[[Path], object]) -> Path:
+    """`path`, made by `build(path)` unless an earlier build of the same `key` left it whole (a stamp beside
+    it, written last, holds the key and the file's size). Processes starting at once build it once: the
+    others wait on a lock beside it, then find it built."""
+    stamp = path.with_name(path.name + ".built")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        whole = [key, str(path.stat().st_size)] if path.is_file() else None
+        if stamp.is_file() and stamp.read_text().split() == whole:
+            return path
+        build(path)
+        stamp.write_text(f"{key} {path.stat().st_size}\n")
+    return path
 
 
 def read_export_config(folder: str | Path) -> dict:

@@ -302,10 +302,13 @@ def test_a_lora_adapter_becomes_the_gguf_lora_llama_cpp_reads(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_llama_cpp_applies_the_gguf_lora_as_the_merged_weights_answer(tmp_path, qwen3_tokenizer):
+def test_llama_cpp_applies_the_gguf_lora_as_the_merged_weights_answer(tmp_path, qwen3_tokenizer, monkeypatch):
     """The base GGUF with the adapter GGUF over it decodes, greedily, exactly what the merged model's GGUF
-    decodes, and not what the base alone does."""
+    decodes, and not what the base alone does: folded in by `--lora` (the default) and applied at run
+    time (`--no-merge`) alike."""
     import urllib.request
+
+    monkeypatch.setenv("DIMMEM_CACHE", str(tmp_path / "cache"))  # where the folded-in copy is kept
 
     from train.gguf_export import write_gguf, write_lora_gguf
 
@@ -325,7 +328,8 @@ def test_llama_cpp_applies_the_gguf_lora_as_the_merged_weights_answer(tmp_path, 
 
     base = tmp_path / "base" / "model-f16.gguf"
     merged = greedy(tmp_path / "merged" / "model-f16.gguf")
-    assert greedy(base, lora=adapter) == merged != greedy(base)
+    assert greedy(base, lora=adapter) == greedy(base, lora=adapter, no_merge=True) == merged != greedy(base)
+    assert len(list((tmp_path / "cache" / "gguf" / "merged").glob("*/*.gguf"))) == 1
 
 
 def test_an_adapter_for_another_model_is_refused_in_one_line(tmp_path):
@@ -348,3 +352,83 @@ def test_an_adapter_for_another_model_is_refused_in_one_line(tmp_path):
         check_adapter(adapter, model("llama"))
     with pytest.raises(LlamaCppError, match="qwen2.gguf: not a LoRA adapter GGUF"):
         check_adapter(model("qwen2"), model("qwen2"))
+
+
+def _tiny_base_and_adapter(root, alpha: float = 8.0, seed: int = 0):
+    """A two-weight 'qwen2' GGUF (attn_q in Q5_0, attn_k in F16, a norm in F32) and a rank-4 GGUF LoRA
+    over both weights; (base, adapter, {weight: (base values, alpha/r·B·A)})."""
+    rng = np.random.default_rng(seed)
+    q5, f16 = gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.F16
+    weights = {"blk.0.attn_q.weight": (64, q5), "blk.0.attn_k.weight": (32, f16)}
+    base, adapter = root / "base.gguf", root / "adapter.gguf"
+    writer = gguf.GGUFWriter(base, "qwen2")
+    writer.add_string("general.name", "tiny")
+    writer.add_uint32("qwen2.block_count", 1)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    lora = gguf.GGUFWriter(adapter, "qwen2")
+    lora.add_type(gguf.GGUFType.ADAPTER)
+    lora.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    lora.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    truth = {}
+    for name, (rows, kind) in weights.items():
+        w = rng.normal(size=(rows, 128)).astype(np.float32)  # (outputs, inputs), as the reader gives it
+        stored = gguf.quants.quantize(w, kind)
+        writer.add_tensor(name, stored, raw_dtype=kind)
+        a = rng.normal(size=(4, 128)).astype(np.float16)  # ggml: inputs x rank
+        b = rng.normal(size=(rows, 4)).astype(np.float16)  # ggml: rank x outputs
+        lora.add_tensor(f"{name}.lora_a", a)
+        lora.add_tensor(f"{name}.lora_b", b)
+        delta = alpha / 4 * (b.astype(np.float32) @ a.astype(np.float32))
+        truth[name] = (gguf.quants.dequantize(stored, kind), delta)
+    writer.add_tensor("blk.0.attn_norm.weight", rng.normal(size=128).astype(np.float32))
+    for w in (writer, lora):
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return base, adapter, truth
+
+
+def test_a_lora_folds_into_the_weights_it_adapts(tmp_path):
+    """Each adapted weight becomes W + alpha/r·B·A (what llama.cpp adds at run time): a float weight stays
+    in its float type, a 5-bit one becomes Q8_0; every other tensor and every metadata field is copied as
+    it was, and nothing half written is left."""
+    from dimmem.gguf_file import merge_lora, open_gguf
+
+    base, adapter, truth = _tiny_base_and_adapter(tmp_path)
+    merged = open_gguf(merge_lora(base, adapter, tmp_path / "merged.gguf"))
+    tensors = {t.name: t for t in merged.tensors}
+    q, k = tensors["blk.0.attn_q.weight"], tensors["blk.0.attn_k.weight"]
+    assert (q.tensor_type.name, k.tensor_type.name) == ("Q8_0", "F16")
+    for t, tolerance in ((q, 1 / 127), (k, 1e-3)):  # Q8_0: a step of 1/127 of a block's largest value
+        weight, delta = truth[t.name]
+        expected = weight + delta
+        got = gguf.quants.dequantize(t.data, t.tensor_type)
+        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max()
+        assert np.abs(got - weight).max() > 10 * tolerance * np.abs(expected).max()  # the delta is there
+    original = {t.name: t for t in open_gguf(base).tensors}
+    assert np.array_equal(tensors["blk.0.attn_norm.weight"].data, original["blk.0.attn_norm.weight"].data)
+    for key in ("general.architecture", "general.name", "qwen2.block_count", "tokenizer.ggml.tokens"):
+        assert merged.get_field(key).contents() == open_gguf(base).get_field(key).contents()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_merged_model_is_built_once_per_model_and_adapter(tmp_path, monkeypatch):
+    """`--lora` is served folded in: the merge is kept in the cache and reused; another adapter (or the
+    model changed on disk) is another merge."""
+    import dimmem.llamacpp as llamacpp
+
+    monkeypatch.setenv("DIMMEM_CACHE", str(tmp_path / "cache"))
+    base, adapter, _ = _tiny_base_and_adapter(tmp_path)
+    merges = []
+    merge = llamacpp.merge_lora
+    monkeypatch.setattr(llamacpp, "merge_lora", lambda *args: merges.append(args) or merge(*args))
+    first = llamacpp.merged_model(base, adapter)
+    assert llamacpp.merged_model(base, adapter) == first and len(merges) == 1
+    other = tmp_path / "other"
+    other.mkdir()
+    _, second_adapter, _ = _tiny_base_and_adapter(other, alpha=16.0)
+    assert llamacpp.merged_model(base, second_adapter) != first and len(merges) == 2
+    first.write_bytes(first.read_bytes()[:100])  # a cut file is built again
+    assert llamacpp.merged_model(base, adapter) == first and len(merges) == 3
+    assert first.stat().st_size > 100

@@ -107,7 +107,14 @@ class StudentConfig(Section):
     )
     max_tokens: int = Field(2048, ge=1, description="answer budget per window")
     timeout: float = Field(1800.0, gt=0, description="seconds one window may take (a CPU is slow)")
-    startup_timeout: float = Field(300.0, gt=0, description="seconds llama.cpp may take to load")
+    startup_timeout: float = Field(
+        300.0, gt=0, description="seconds llama.cpp may take to load (and, the first time, to merge)"
+    )
+    merge: bool = Field(
+        True,
+        description="serve the base with the adapter folded in (built once, cached; its weights in Q8_0), "
+        "faster on a CPU; false: the adapter applied at run time over the base, as trained",
+    )
 
 
 class PoolConfig(Section):

