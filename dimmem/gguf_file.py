@@ -123,8 +123,6 @@ def merge_lora(base: Path, adapter: Path, dest: Path) -> Path:
     the base's 4/5-bit blocks; the merge is computed in float32 from their values). Every other tensor and
     every metadata field is copied as it is."""
     import gguf
-    import gguf.quants
-    import numpy as np
 
     reader, lora = open_gguf(base), open_gguf(adapter)
     alpha_field = lora.get_field(gguf.Keys.Adapter.LORA_ALPHA)
@@ -136,8 +134,21 @@ def merge_lora(base: Path, adapter: Path, dest: Path) -> Path:
     unknown = pairs - {t.name for t in reader.tensors}
     if unknown:
         raise ValueError(f"{adapter}: adapts tensors {sorted(unknown)[:3]} that {base} does not have")
-    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     tmp = dest.with_name(dest.name + ".partial")
+    try:
+        _write_merged(reader, parts, pairs, alpha, tmp)
+    except BaseException:  # a full disk, a kill: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp.replace(dest)
+
+
+def _write_merged(reader, parts: dict, pairs: set[str], alpha: float, tmp: Path) -> None:
+    import gguf
+    import gguf.quants
+    import numpy as np
+
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     writer = gguf.GGUFWriter(tmp, reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
@@ -157,4 +168,3 @@ def merge_lora(base: Path, adapter: Path, dest: Path) -> Path:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return tmp.replace(dest)

@@ -221,7 +221,13 @@ def run_llamacpp(args) -> int:
             raise LlamaCppError(f"--api-key-env {args.api_key_env}: the variable is not set or empty")
     lora = check_adapter(Path(args.lora), gguf) if args.lora else None
     if lora is not None and not args.no_merge:
-        gguf, lora = merged_model(gguf, lora), None
+        try:
+            gguf, lora = merged_model(gguf, lora), None
+        except OSError as exc:  # a full disk, say: slower, but served
+            print(
+                f"could not fold {lora.name} into {gguf.name} ({exc}); applying it at run time",
+                file=sys.stderr,
+            )
     params = server_params(
         gguf,
         meta,

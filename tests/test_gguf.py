@@ -413,6 +413,21 @@ def test_a_lora_folds_into_the_weights_it_adapts(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_a_merge_that_fails_leaves_no_half_written_file(tmp_path, monkeypatch):
+    """A full disk midway: the error goes up as it is, and neither the file nor a part of it is left."""
+    from dimmem.gguf_file import merge_lora
+
+    base, adapter, _ = _tiny_base_and_adapter(tmp_path)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        merge_lora(base, adapter, tmp_path / "merged.gguf")
+    assert not list(tmp_path.glob("merged.gguf*"))
+
+
 def test_a_merged_model_is_built_once_per_model_and_adapter(tmp_path, monkeypatch):
     """`--lora` is served folded in: the merge is kept in the cache and reused; another adapter (or the
     model changed on disk) is another merge."""
