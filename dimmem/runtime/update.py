@@ -215,12 +215,16 @@ class UpdatePath:
         `paper_similarity`, and any speaker's record qualifies, as theirs does not ask."""
         threshold = self.config.paper_similarity if paper else self.config.similarity_threshold
         speaker = record["speaker"].casefold()
-        for rid, score in view.closest(vector, candidates, SPEAKER_PROBES):
-            if score < threshold:
-                break
-            found = view.get(rid)
-            if found is not None and (paper or found["speaker"].casefold() == speaker):
-                return rid, score, found
+        probes = [
+            (rid, score)
+            for rid, score in view.closest(vector, candidates, SPEAKER_PROBES)
+            if score >= threshold
+        ]
+        found = view.get_many([rid for rid, _ in probes])  # read together
+        for rid, score in probes:
+            other = found.get(rid)
+            if other is not None and (paper or other["speaker"].casefold() == speaker):
+                return rid, score, other
         return None, 0.0, None
 
     def _paper_candidates(self, view: StoreView, record: dict, candidates: list[str]) -> list[str]:

@@ -48,12 +48,14 @@ class StoreView:
 
 
 class BatchView(StoreView):
-    """One batch's view, inside its write block: which of its ids are stored, the active records its
-    records' keyword arms reach (`arms(record)`: its (type, keyword) entries of the index; each arm read
-    `limit` + batch size deep, so however many of them the batch makes inactive, `limit` remain), those
-    records and their vectors: four queries. Then each
-    write goes to the store and into the view (`added`: active records written or revised by the batch,
-    with their vectors; `gone`: records it made inactive)."""
+    """One batch's view, inside its write block. Read at its start: which of its ids are stored, the active
+    records its records' keyword arms reach (`arms(record)`: its (type, keyword) entries of the index;
+    each arm read `limit` + batch size deep, so however many of them the batch makes inactive, `limit`
+    remain), and the vectors of each record's candidates among them: three queries. A stored record
+    itself is read when the path first asks for it (the few closest candidates of a record, a speaker's
+    tellings), then kept: a batch reaches thousands of records but reads a few of them whole. Each write
+    goes to the store and into the view (`added`: active records written or revised by the batch, with
+    their vectors; `gone`: records it made inactive)."""
 
     def __init__(
         self,
@@ -66,14 +68,23 @@ class BatchView(StoreView):
         super().__init__(store, user_id)
         self.stored = set(store.get_many(user_id, [r["id"] for r in records]))
         new = [r for r in records if r["id"] not in self.stored]
-        arms = sorted({(kind, k.casefold()) for r in new for kind, k in arms(r)})
-        self.arms = store.lookup.keyword_arms(user_id, arms, limit + len(records) if limit >= 0 else -1)
-        reached = sorted({rid for ids in self.arms.values() for rid in ids})
-        self.records = store.get_many(user_id, reached)
-        self.vectors = store.lookup.vectors(user_id, reached)
+        entries = {r["id"]: [(kind, k.casefold()) for kind, k in arms(r)] for r in new}
+        wanted = sorted({arm for found in entries.values() for arm in found})
+        self.arms = store.lookup.keyword_arms(user_id, wanted, limit + len(records) if limit >= 0 else -1)
+        self.records: dict[str, dict | None] = {}  # stored records read so far (None: not in the store)
         self.added: dict[str, dict] = {}
         self.added_arms: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.gone: set[str] = set()
+        self.vectors: dict[str, np.ndarray] = {}
+        self.read_vectors: set[str] = set()  # ids whose vectors were asked of the store (some have none)
+        candidates = {
+            rid
+            for r in new
+            for rid in self.keywords(
+                r["type"], [k for kind, k in entries[r["id"]] if kind == r["type"]], limit
+            )
+        }
+        self._read_vectors(sorted(candidates))
 
     def exists(self, record_id: str) -> bool:
         return record_id in self.stored
@@ -91,6 +102,7 @@ class BatchView(StoreView):
 
     def closest(self, vector: np.ndarray, record_ids: list[str], k: int) -> list[tuple[str, float]]:
         """`Lookup.closest` over the view: the k nearest by cosine, ties by id."""
+        self._read_vectors([i for i in record_ids if i not in self.added])
         ids = sorted(i for i in record_ids if i in self.vectors)
         if not ids or k <= 0:
             return []
@@ -98,10 +110,18 @@ class BatchView(StoreView):
         return [(ids[i], float(scores[i])) for i in np.argsort(-scores, kind="stable")[:k]]
 
     def get(self, record_id: str) -> dict | None:
-        return self.added.get(record_id) or self.records.get(record_id)
+        return self.get_many([record_id]).get(record_id)
 
     def get_many(self, record_ids: list[str]) -> dict[str, dict]:
-        return {rid: found for rid in record_ids if (found := self.get(rid)) is not None}
+        unread = [rid for rid in record_ids if rid not in self.added and rid not in self.records]
+        if unread:  # one query for all a step asks that the view has not read
+            found = self.store.get_many(self.user, unread)
+            self.records.update((rid, found.get(rid)) for rid in unread)
+        return {
+            rid: found
+            for rid in record_ids
+            if (found := self.added.get(rid) or self.records.get(rid)) is not None
+        }
 
     def insert(self, record: dict, vector: np.ndarray) -> None:
         super().insert(record, vector)
@@ -114,10 +134,16 @@ class BatchView(StoreView):
         self.gone.add(record_id)
 
     def revise(self, record_id: str, fields: dict, vector: np.ndarray | None, action: str) -> None:
+        current = self.get(record_id)  # before the write: the version it revises
         super().revise(record_id, fields, vector, action)
-        current = self.get(record_id)
         self._drop(record_id)
         self._add({**current, **fields, "version": current["version"] + 1}, vector)
+
+    def _read_vectors(self, record_ids: list[str]) -> None:
+        unread = [rid for rid in record_ids if rid not in self.read_vectors]
+        if unread:
+            self.vectors.update(self.store.lookup.vectors(self.user, unread))
+            self.read_vectors.update(unread)
 
     def _add(self, record: dict, vector: np.ndarray | None) -> None:
         self.added[record["id"]] = record
@@ -129,6 +155,7 @@ class BatchView(StoreView):
     def _drop(self, record_id: str) -> None:
         record = self.added.pop(record_id, None)
         self.vectors.pop(record_id, None)
+        self.read_vectors.discard(record_id)  # asked again, it is read from the store as it now is
         for key in _folded(record["keywords"]) if record else ():
             self.added_arms[(record["type"], key)].discard(record_id)
 
