@@ -10,6 +10,7 @@ import sys
 import textwrap
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 
 from dimmem.contract.conversation import Conversation, Turn
@@ -429,6 +430,34 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
     ]
     assert states["g9"][0] == "merged" and states["hike-2"][0] == "merged"
     assert [i for i, s in states.items() if s[0] == "active" and i.startswith("home")] == ["home-3"]
+
+
+def test_a_rules_merge_embeds_no_text_twice(embedder, memory_factory):
+    """The rules' merge keeps the longer of the two texts, whose vector is at hand (the new record's, or
+    the stored one's): a restatement costs one embedding, its own, whichever text is kept, and the kept
+    record's vector is its text's."""
+
+    class Counting:
+        def __init__(self):
+            self.texts = []
+
+        def encode(self, texts):
+            self.texts += texts
+            return embedder.encode(texts)
+
+    counting = Counting()
+    memory = memory_factory({"update": LOOSE}, embedder=counting)
+    short = rec(id="t1", content="Ann went camping at the lake.", keywords=["Ann", "camping", "lake"])
+    longer = {**short, "id": "t2", "content": "Ann went camping at the lake with her kids."}
+    for user, (first, second) in {"ann": (short, longer), "bob": (longer, short)}.items():
+        memory.add_records([first], user_id=user)
+        counting.texts.clear()
+        assert memory.add_records([second], user_id=user)[0]["action"] == "MERGE"
+        assert counting.texts == [second["content"]]
+        (kept,) = memory.get_all(user_id=user).memories
+        assert kept["content"] == longer["content"]
+        vector = memory.store.lookup.vectors(user, [kept["id"]])[kept["id"]]
+        assert np.allclose(vector, embedder.encode([longer["content"]])[0], atol=1e-5)
 
 
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(loose, embedder, memory_factory):

@@ -52,8 +52,8 @@ class UpdatePath:
 
     def add_batch(self, user_id: str, records: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
         """One event per record (UNCHANGED for one without a vector: stored already). By the rules, the
-        whole batch is looked up, decided and written in one write block (a merge's text embedded inside
-        it); a model's decisions record by record (`add`)."""
+        whole batch is looked up, decided and written in one write block; a model's decisions record by
+        record (`add`)."""
         with self.lock:  # the stats' baseline (comparing with every active record), once a batch
             active = self.store.count(user_id)
         if not isinstance(self.consolidator, RuleConsolidator):
@@ -75,9 +75,7 @@ class UpdatePath:
                     continue
                 best, similarity, candidate = self._candidate(view, record, vector, active, False)
                 decision = self._consult(record, candidate, similarity)
-                merged = (
-                    self.encode([decision["memory"]["content"]])[0] if decision["action"] == "MERGE" else None
-                )
+                merged = self._merged_vector(view, record, vector, candidate, decision)
                 events.append(self._apply(view, record, vector, candidate, decision, merged))
                 active += events[-1]["action"] == "KEEP_BOTH"
         return events
@@ -106,6 +104,20 @@ class UpdatePath:
                         continue
                 return self._apply(view, record, vector, candidate, decision, merged)
         raise AssertionError("unreachable: the last attempt keeps both")
+
+    def _merged_vector(
+        self, view: BatchView, record: dict, vector: np.ndarray, candidate: dict | None, decision: dict
+    ) -> np.ndarray | None:
+        """A merge's vector (None for another decision): the rules' merge keeps one of the two texts (the
+        longer), whose vector is at hand, so only another text is embedded (one at a time, inside the
+        write block)."""
+        if decision["action"] != "MERGE":
+            return None
+        text = decision["memory"]["content"]
+        if text == record["content"]:
+            return vector
+        known = view.vector(candidate["id"]) if text == candidate["content"] else None
+        return known if known is not None else self.encode([text])[0]
 
     def _keys(self, record: dict) -> list[str]:
         """The keywords a record's candidates share with it: all but the speaker's name (the authors'

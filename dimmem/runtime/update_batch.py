@@ -112,6 +112,12 @@ class BatchView(StoreView):
     def get(self, record_id: str) -> dict | None:
         return self.get_many([record_id]).get(record_id)
 
+    def vector(self, record_id: str) -> np.ndarray | None:
+        """An active record's stored vector (or the one the batch gave it)."""
+        if record_id not in self.added:
+            self._read_vectors([record_id])
+        return self.vectors.get(record_id)
+
     def get_many(self, record_ids: list[str]) -> dict[str, dict]:
         unread = [rid for rid in record_ids if rid not in self.added and rid not in self.records]
         if unread:  # one query for all a step asks that the view has not read
