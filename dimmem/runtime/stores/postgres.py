@@ -272,8 +272,7 @@ class PostgresDialect:
         self, sql: Sql, user_id: str, arms: list[tuple[str, str]], limit: int
     ) -> list[tuple[str, str, str]]:
         types, keys = [t for t, _ in arms], [k for _, k in arms]
-        rows = sql.rows(KEYWORD_ARMS, (types, keys, user_id, self.limit(limit)))
-        return [(r["type"], r["keyword"], r["record_id"]) for r in rows]
+        return sql.tuples(KEYWORD_ARMS, (types, keys, user_id, self.limit(limit)))
 
     # --- schema ------------------------------------------------------------------------------------
     def schema_version(self) -> int:

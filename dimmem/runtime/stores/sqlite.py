@@ -120,11 +120,10 @@ class SQLiteDialect:
         out = []
         for i in range(0, len(arms), 400):
             part = arms[i : i + 400]
-            rows = sql.rows(
+            out += sql.tuples(
                 " UNION ALL ".join([arm] * len(part)),
                 tuple(p for t, key in part for p in (t, key, user_id, t, key, limit)),
             )
-            out += [(r["type"], r["keyword"], r["record_id"]) for r in rows]
         return out
 
     def schema_version(self) -> int:
