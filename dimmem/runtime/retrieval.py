@@ -218,8 +218,8 @@ def fuse(
         chunk = fused[start : start + step]
         records = store.get_many(user_id, [rid for rid, _, _ in chunk])
         for rid, score, per_path in chunk:
-            if rid in records:  # (removed since the paths ranked it: skipped)
-                record = records[rid]
+            record = records.get(rid)
+            if record is not None and record["status"] == "active":  # (removed since it was ranked: skipped)
                 if seen is not None:
                     content = normalized_content(record["content"])
                     if content in seen:

@@ -15,6 +15,7 @@ a query. Indexes are chosen by name (`stores.indexes.INDEXES`).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -22,6 +23,13 @@ from typing import Any, Protocol
 import numpy as np
 
 _CHUNK = 500  # ids per IN (...) list: under SQLite's bound-parameter limit
+
+
+def new_epoch() -> int:
+    """A user's `epoch` when its `user_stats` row is created: random, so a row emptied and created again
+    behind a process's back (a truncated table, a restored backup) never carries the epoch that process's
+    in-process indexes hold for the user, and they read the user again from scratch."""
+    return secrets.randbits(62)
 
 
 def chunks(ids: list[str]) -> list[list[str]]:

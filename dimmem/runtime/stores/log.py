@@ -34,7 +34,7 @@ from contextlib import AbstractContextManager, nullcontext
 import numpy as np
 
 from dimmem.runtime.stores import schema
-from dimmem.runtime.stores.base import Dialect, RecordStateError, Sql, chunks
+from dimmem.runtime.stores.base import Dialect, RecordStateError, Sql, chunks, new_epoch
 from dimmem.runtime.stores.conversations import ConversationLog
 from dimmem.runtime.stores.indexes import open_indexes
 from dimmem.runtime.stores.lookup import Lookup
@@ -251,9 +251,9 @@ class RecordLog:
         """Draw the user's next change number; the statement that stamps reads it back, so no statement of
         a write waits for a result (Postgres sends a write block's statements in one pipeline)."""
         sql.run(
-            "INSERT INTO user_stats (user_id, seq) VALUES (?, 1) "
+            "INSERT INTO user_stats (user_id, seq, epoch) VALUES (?, 1, ?) "
             f"ON CONFLICT ({self.dialect.user_key}) DO UPDATE SET seq = user_stats.seq + 1",
-            (user_id,),
+            (user_id, new_epoch()),
         )
 
     def _snapshot(

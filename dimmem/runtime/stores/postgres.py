@@ -42,7 +42,7 @@ from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from dimmem.runtime.stores.base import Sql
+from dimmem.runtime.stores.base import Sql, new_epoch
 from dimmem.runtime.stores.log import RecordLog
 
 __all__ = ["PostgresDialect", "PostgresStore", "SchemaError"]
@@ -213,9 +213,9 @@ class PostgresDialect:
         """The user's stats row, locked until commit: it orders concurrent writers of one user (no deadlock
         between their record locks)."""
         cur.execute(
-            "INSERT INTO user_stats (user_id) VALUES (%s) "
+            "INSERT INTO user_stats (user_id, epoch) VALUES (%s, %s) "
             "ON CONFLICT (tenant, user_id) DO UPDATE SET seq = user_stats.seq",
-            (user_id,),
+            (user_id, new_epoch()),
         )
 
     @contextmanager

@@ -2,8 +2,8 @@
 user's held in memory, kept in step with the file.
 
 Loading a user's vectors from SQLite for every query would cost more than the search itself, so the
-index keeps them, and before each search compares the user's counts of vectors appended and removed
-(`user_stats`, bumped by every writer process in the same transaction as the write): new vectors are
+index keeps them, and before each search compares the user's epoch and counts of vectors appended and
+removed (`user_stats`, bumped by every writer process in the same transaction as the write): new vectors are
 appended, a removal (update, supersede, merge, delete) reloads the user. It reads the file through a
 connection of its own (WAL: what has committed, never another thread's open transaction), so a search's
 dense path needs no caller's lock; an in-memory database has one connection only.
@@ -31,7 +31,7 @@ def _matrix(blobs: list[bytes]) -> np.ndarray:
 
 @dataclass
 class _UserVectors:
-    stamp: tuple[int, int] = (0, 0)
+    stamp: tuple[int, int, int] = (0, 0, 0)
     last_rowid: int = 0
     ids: list[str] = field(default_factory=list)
     chunks: list[np.ndarray] = field(default_factory=list)
@@ -107,12 +107,13 @@ class MemoryVectors:
             self.db.close()
 
     # --- searching ------------------------------------------------------------------------------------
-    def state(self, user_id: str) -> tuple[int, int]:
-        """(vectors appended, vectors removed) so far for the user: the change stamp the index follows."""
+    def state(self, user_id: str) -> tuple[int, int, int]:
+        """(epoch, vectors appended, vectors removed) so far for the user: the change stamp the index
+        follows."""
         row = self.db.execute(
-            "SELECT appended, removed FROM user_stats WHERE user_id=?", (user_id,)
+            "SELECT epoch, appended, removed FROM user_stats WHERE user_id=?", (user_id,)
         ).fetchone()
-        return (row[0], row[1]) if row else (0, 0)
+        return tuple(row) if row else (0, 0, 0)
 
     def vectors_after(self, user_id: str, rowid: int) -> tuple[list[int], list[str], np.ndarray]:
         """The user's vectors stored after `rowid` (0: all), in storage order: (rowids, ids, matrix)."""
@@ -139,7 +140,7 @@ class MemoryVectors:
         user = self.users.get(user_id) or _UserVectors()
         stamp = self.state(user_id)
         if stamp != user.stamp:
-            if stamp[1] != user.stamp[1]:  # something was removed: start over
+            if stamp[::2] != user.stamp[::2]:  # something was removed, or the user's row is new: start over
                 user = _UserVectors()
             rowids, ids, matrix = self.vectors_after(user_id, user.last_rowid)
             if ids:
