@@ -49,9 +49,10 @@ class StoreView:
 
 class BatchView(StoreView):
     """One batch's view, inside its write block. Read at its start: which of its ids are stored, the active
-    records its records' keyword arms reach (`arms(record)`: its (type, keyword) entries of the index;
-    each arm read `limit` + batch size deep, so however many of them the batch makes inactive, `limit`
-    remain), and the vectors of each record's candidates among them: three queries. A stored record
+    records its records' keyword arms reach (`arms(record)`: its (type, keyword) entries of the index,
+    each read `limit` deep, and read again deeper in the rare case the batch's own writes leave fewer than
+    `limit` of a full one's entries as they were), and the vectors of each record's candidates among
+    them: three queries. A stored record
     itself is read when the path first asks for it (the few closest candidates of a record, a speaker's
     tellings), then kept: a batch reaches thousands of records but reads a few of them whole. Each write
     goes to the store and into the view (`added`: active records written or revised by the batch, with
@@ -70,7 +71,9 @@ class BatchView(StoreView):
         new = [r for r in records if r["id"] not in self.stored]
         entries = {r["id"]: [(kind, k.casefold()) for kind, k in arms(r)] for r in new}
         wanted = sorted({arm for found in entries.values() for arm in found})
-        self.arms = store.lookup.keyword_arms(user_id, wanted, limit + len(records) if limit >= 0 else -1)
+        self.limit = limit
+        self.arms = store.lookup.keyword_arms(user_id, wanted, limit)
+        self.depth: dict[tuple[str, str], int] = {}  # arms read deeper than `limit`
         self.records: dict[str, dict | None] = {}  # stored records read so far (None: not in the store)
         self.added: dict[str, dict] = {}
         self.added_arms: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -94,11 +97,27 @@ class BatchView(StoreView):
         sharing the most keys first, ties by id, `limit` of them (-1: all)."""
         shared: Counter = Counter()
         for key in _folded(keys):
-            ids = [i for i in self.arms.get((kind, key), ()) if i not in self.gone and i not in self.added]
-            ids = sorted([*ids, *self.added_arms[(kind, key)]])
+            ids = self._arm((kind, key))
             shared.update(ids[:limit] if limit >= 0 else ids)
-        ranked = sorted(shared, key=lambda rid: (-shared[rid], rid))
+        ranked = sorted(sorted(shared), key=shared.__getitem__, reverse=True)  # (stable: ties stay by id)
         return ranked[:limit] if limit >= 0 else ranked
+
+    def _arm(self, arm: tuple[str, str]) -> list[str]:
+        """The arm's active records by id as the batch has left them: its entries read at the start less
+        those the batch made inactive or revised, and those the batch wrote. A full read is read again
+        deeper in the rare case fewer than `limit` of its entries are left (the entries beyond it come
+        after every entry read, so the first `limit` by id are then all known); that read sees the
+        batch's writes, whose records are laid over from `added` as for the first."""
+        ids, depth = self.arms.get(arm, []), self.depth.get(arm, self.limit)
+        while True:
+            kept = [i for i in ids if i not in self.gone and i not in self.added]
+            if self.limit < 0 or len(ids) < depth or len(kept) >= self.limit:
+                break
+            depth += self.limit - len(kept)
+            ids = self.store.lookup.keyword_arms(self.user, [arm], depth)[arm]
+            self.arms[arm], self.depth[arm] = ids, depth
+        added = self.added_arms.get(arm)
+        return sorted([*kept, *added]) if added else kept
 
     def closest(self, vector: np.ndarray, record_ids: list[str], k: int) -> list[tuple[str, float]]:
         """`Lookup.closest` over the view: the k nearest by cosine, ties by id."""
