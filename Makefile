@@ -98,9 +98,9 @@ demo-pretrained: install
 
 # The real-dialogue student (docs/train.md "The real-dialogue student"): LoCoMo's annotations as labels (their
 # dimensions read from the dialogue) with conv-26 and conv-30 held out, LoRA SFT of Qwen2.5-Coder-0.5B-Instruct
-# on the CPU (about 4 h on a 2-core machine with avx512_bf16, 7 h in float32 on an AVX2 one; killed, it
-# resumes from its newest checkpoint when run again, on a fresh clone from the one committed in
-# checkpoints/), the checkpoint of lowest validation loss exported as a student folder (the adapter in f16
+# on the CPU (about 4.5 h on a 2-core machine with avx512_bf16, 7 h in float32 on an AVX2 one; killed, it
+# resumes from its newest checkpoint when run again, on a fresh clone from one committed in checkpoints/
+# while it ran), the checkpoint of lowest validation loss exported as a student folder (the adapter in f16
 # and as a GGUF LoRA: what `extractor: student` runs; dimmem/students/ ships one), then the held-out table
 # (benchmarks/student_locomo.py): the rule extractor, the labels themselves, the student on llama.cpp as the
 # runtime runs it, and retrieval over each. jemalloc keeps the CPU trainer's freed activations for 30 s
