@@ -377,13 +377,16 @@ dequantized to {origin["dtype"]} by transformers (what the file's quantization l
 
 
 def data_section(run_config: dict, origin: dict | None, source_card: str) -> str:
-    """What the model learned from and under which licenses, from the dataset's card (written by
-    `dimmem datagen`) where the dataset is on this machine, else from the card of the export exported."""
+    """What the model learned from and under which licenses: an export exported again (a shipped adapter
+    merged) keeps its own card's section, whatever dataset this machine has at the path it names; a run
+    takes it from the dataset's card (written by `dimmem datagen`)."""
+    kept = re.search(r"^## Data and licenses\n.*?(?=^## |\Z)", source_card, re.M | re.S)
+    if kept:
+        return kept[0].rstrip() + "\n\n"
     try:
         card = dataset_folder(run_config["dimmem"]["dataset_path"]).parent / "README.md"
-    except FileNotFoundError:  # trained elsewhere (a shipped adapter): its own card says it
-        kept = re.search(r"^## Data and licenses\n.*?(?=^## |\Z)", source_card, re.M | re.S)
-        return kept[0].rstrip() + "\n\n" if kept else ""
+    except FileNotFoundError:  # trained elsewhere, and no card of its own says it
+        return ""
     if not card.is_file():
         return ""
     found = re.search(r"^- \*\*Source\*\*: (.+); license: (.+)$", card.read_text(), re.M)
