@@ -460,6 +460,24 @@ def test_a_rules_merge_embeds_no_text_twice(embedder, memory_factory):
         assert np.allclose(vector, embedder.encode([longer["content"]])[0], atol=1e-5)
 
 
+def test_the_dense_index_reads_the_vectors_asked_for_or_all(memory_factory, embedder):
+    """The update path reads its candidates' vectors by id, a copy reads all of them: only active records'
+    vectors, ordered by id, an unknown or another user's id skipped."""
+    memory = memory_factory(embedder=embedder)
+    texts = ["Ann lives in Oslo.", "Ann has two cats.", "Ann plays the cello."]
+    added = [memory.add_records([rec(id=f"v{i}", content=t)], user_id="ann")[0] for i, t in enumerate(texts)]
+    ids = [a["id"] for a in added]
+    memory.add_records([rec(id="b0", content="Bob lives in Rome.")], user_id="bob")
+    memory.delete(ids[1], user_id="ann")
+    dense = memory.store.indexes["dense"]
+    with memory.store.dialect.cursor("ann") as sql:
+        some, some_matrix = dense.vectors(sql, "ann", [ids[2], "b0", ids[1], "nope", ids[0]])
+        every, every_matrix = dense.vectors(sql, "ann", None)
+    assert some == every == sorted([ids[0], ids[2]])
+    expected = embedder.encode([texts[0], texts[2]] if ids[0] < ids[2] else [texts[2], texts[0]])
+    assert np.allclose(some_matrix, expected, atol=1e-5) and np.allclose(every_matrix, expected, atol=1e-5)
+
+
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(loose, embedder, memory_factory):
     memory = loose
     first = rec(
