@@ -17,6 +17,17 @@ TEMPLATE = "dimmem_template"  # migrated once per session; fresh databases are c
 _numbers = itertools.count(1)
 
 
+def empty_database(url: str) -> None:
+    """Every dimmem table of the database at `url` emptied at once, its schema kept: a store emptied behind
+    the back of the processes that have it open (as a restored backup or a test's reset would)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT string_agg(quote_ident(tablename), ', ') FROM pg_tables "
+            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
+        ).fetchone()[0]
+        conn.execute(f"TRUNCATE {tables}")
+
+
 @dataclass
 class PgServer(EmbeddedPostgres):
     _template: bool = False

@@ -700,14 +700,9 @@ def empty_behind_its_back(store_url: str, backend: str) -> None:
                 if table != "schema_migrations":
                     db.execute(f"DELETE FROM {table}")
         return
-    import psycopg
+    from pg_server import empty_database
 
-    with psycopg.connect(store_url, autocommit=True) as conn:
-        tables = conn.execute(
-            "SELECT string_agg(quote_ident(tablename), ', ') FROM pg_tables "
-            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
-        ).fetchone()[0]
-        conn.execute(f"TRUNCATE {tables}")
+    empty_database(store_url)
 
 
 def test_a_store_emptied_and_refilled_behind_a_process_is_read_again(

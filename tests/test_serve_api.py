@@ -14,13 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import httpx2
-import psycopg
 import pytest
 import schemathesis
 import yaml
 from conftest import BACKENDS
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from pg_server import empty_database
 
 from dimmem.launch import Service, free_port
 from dimmem.paths import CONFIG_DIR
@@ -100,12 +100,7 @@ def client(request, backend):
         yield TestClient(request.getfixturevalue("app"))
         return
     url, database = request.getfixturevalue("workers")
-    with psycopg.connect(database, autocommit=True) as conn:
-        tables = conn.execute(
-            "SELECT string_agg(quote_ident(tablename), ', ') FROM pg_tables "
-            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
-        ).fetchone()[0]
-        conn.execute(f"TRUNCATE {tables}")
+    empty_database(database)
     with httpx2.Client(base_url=url, timeout=60) as http:
         yield http
 
