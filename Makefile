@@ -70,7 +70,7 @@ demo: install
 	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 Where does Jonas live now
 	$(BIN)/dimmem memory search --store $(RUNS)/memory.sqlite --user toy-0000 --reference-date 2023-07-10 What did Bob do in June 2023
 	# the shipped student (dimmem/students/) extracts conv-26's first 25 turns, which it never trained on:
-	# llama.cpp applies its LoRA over the base assembled from its PyPI chunks (cached after the first time)
+	# llama.cpp serves the base assembled from its PyPI chunks with the adapter folded in (both cached once built)
 	$(BIN)/dimmem memory extract --student --format locomo --input $(SHARED)/locomo/locomo10.json \
 		--conversation conv-26 --turns 25
 	# serve the exported model with vLLM on CPU behind the memory service; one new conversation through both
