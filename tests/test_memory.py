@@ -432,6 +432,67 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
     assert [i for i, s in states.items() if s[0] == "active" and i.startswith("home")] == ["home-3"]
 
 
+def test_the_keyword_index_held_between_batches_follows_every_writer(embedder, memory_factory, monkeypatch):
+    """The update path keeps the keyword index's arms between its batches and lays the log's changes over
+    them (its own writes, another process's adds and deletes, an update that moves a record to other
+    keywords). It must decide as the store itself would: the same events and records as the same steps
+    decided record by record. With `max_candidates` 2 below the three records sharing `cat`, only the
+    first two by id are candidates: once another writer deletes one and adds one before them, and an
+    update moves one to `dog`, the third is the candidate of its restatement. A batch whose arms are all
+    held reads none from the store."""
+    settings = {"update": {**LOOSE, "max_candidates": 2}}
+    cat = {"type": "fact", "session_time": "2023-06-10T10:00"}
+    cats = [
+        rec(id="c1", content="Ann's cat is named Milo.", keywords=["Ann", "cat", "Milo"], **cat),
+        rec(id="c2", content="Ann's cat likes tuna.", keywords=["Ann", "cat", "tuna"], **cat),
+        rec(id="c3", content="Ann's cat sleeps on the sofa.", keywords=["Ann", "cat", "sofa"], **cat),
+    ]
+    sofa = rec(id="z1", content="Ann's cat sleeps on the sofa all day.", keywords=["Ann", "cat"], **cat)
+    steps = [
+        ("b", "add", cats),
+        ("a", "add", [sofa]),  # c3 is not among the first two of `cat`: kept beside it
+        ("b", "delete", "c1"),
+        ("b", "add", [rec(id="c0", content="Ann's cat has a red collar.", keywords=["Ann", "cat"], **cat)]),
+        ("a", "update", ("c2", {"keywords": ["Ann", "dog", "tuna"]})),
+        ("a", "add", [{**sofa, "id": "z2", "content": "Ann's cat sleeps on the sofa every day."}]),
+    ]
+    results = []
+    for name, consolidator in (("batch", None), ("one", lambda new, old, sim: RULES(new, old, sim))):
+        writers = {
+            who: memory_factory(settings, store=name, embedder=embedder, consolidator=consolidator)
+            for who in "ab"
+        }
+        events = []
+        for who, step, arg in steps:
+            memory = writers[who]
+            if step == "add":
+                events.append(memory.add_records(arg, user_id="ann"))
+            elif step == "delete":
+                memory.delete(arg, user_id="ann")
+            else:
+                memory.update(arg[0], user_id="ann", **arg[1])
+        states = {
+            r["id"]: (r["status"], r["version"], r["content"], sorted(r["keywords"]))
+            for r in writers["a"].store.records("ann", status=None)
+        }
+        results.append((events, states))
+    assert results[0] == results[1]
+    events, states = results[0]
+    assert events[1][0]["action"] == "KEEP_BOTH"
+    assert events[3][0] == {"id": "z2", "action": "MERGE", "target": "c3"}
+
+    fresh = memory_factory(settings, store="batch", embedder=embedder)
+    read, store_read = [], fresh.store.lookup.keyword_arms
+    monkeypatch.setattr(
+        fresh.store.lookup, "keyword_arms", lambda *args: read.append(args[1]) or store_read(*args)
+    )
+    naps = [{**sofa, "id": f"z{n}", "content": f"Ann's cat naps {n} times a day."} for n in (3, 4)]
+    fresh.add_records(naps[:1], user_id="ann")
+    assert read == [[("fact", "cat")]]  # nothing held yet
+    fresh.add_records(naps[1:], user_id="ann")
+    assert read == [[("fact", "cat")]]  # held, and the batch before laid over it
+
+
 def test_a_rules_merge_embeds_no_text_twice(embedder, memory_factory):
     """The rules' merge keeps the longer of the two texts, whose vector is at hand (the new record's, or
     the stored one's): a restatement costs one embedding, its own, whichever text is kept, and the kept
@@ -456,7 +517,9 @@ def test_a_rules_merge_embeds_no_text_twice(embedder, memory_factory):
         assert counting.texts == [second["content"]]
         (kept,) = memory.get_all(user_id=user).memories
         assert kept["content"] == longer["content"]
-        vector = memory.store.lookup.vectors(user, [kept["id"]])[kept["id"]]
+        ids, matrix = memory.store.lookup.vectors(user, [kept["id"]])
+        assert ids == [kept["id"]]
+        vector = matrix[0]
         assert np.allclose(vector, embedder.encode([longer["content"]])[0], atol=1e-5)
 
 

@@ -205,6 +205,88 @@ def test_random_operation_sequences_keep_the_store_equal_to_the_model(cached, tm
         memory.store.close()
 
 
+# --- the keyword index held between batches -----------------------------------------------------------
+TOLD = {  # what Ann tells, with its keywords: one shared by two tellings, one ("week") by all
+    "went hiking at Eagle Peak with the dog": ["hiking", "Eagle Peak", "dog"],
+    "went hiking at Eagle Peak with friends": ["hiking", "Eagle Peak"],
+    "loves jazz and listens every evening": ["jazz"],
+    "adopted a beagle called Biscuit": ["beagle", "dog"],
+}
+told = st.builds(
+    lambda rid, phrase, kind: {
+        "id": f"t{rid}",
+        **memory_record(
+            source_turns=["D1:1"],
+            speaker="Ann",
+            content=f"Ann {phrase}.",
+            type=kind,
+            keywords=["Ann", "week", *TOLD[phrase]],
+        ),
+    },
+    st.integers(0, 11),
+    st.sampled_from(sorted(TOLD)),
+    st.sampled_from(("episodic", "profile")),
+)
+writers = st.sampled_from(("a", "b"))
+told_ids = st.integers(0, 11).map(lambda n: f"t{n}")
+adds = st.tuples(st.just("add"), writers, st.lists(told, min_size=1, max_size=4))
+shared_store_steps = st.one_of(
+    adds,
+    adds,  # (adds twice as likely as each other step)
+    st.tuples(
+        st.just("update"), writers, told_ids, st.fixed_dictionaries({"keywords": st.just(["Ann", "jazz"])})
+    ),
+    st.tuples(st.just("delete"), writers, told_ids),
+    st.tuples(st.just("restore"), writers, told_ids),
+)
+
+
+def apply(memory: Memory, step: tuple):
+    """One step of a writer: an add's events, or the error it raised (None for another step)."""
+    kind, _, arg, *fields = step
+    try:
+        if kind == "add":
+            return memory.add_records(arg, user_id="ann")
+        if kind == "update":
+            memory.update(arg, user_id="ann", **fields[0])
+        else:
+            getattr(memory, kind)(arg, user_id="ann")
+    except (KeyError, RecordStateError, ValueError) as exc:
+        return type(exc).__name__
+    return None
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(shared_store_steps, min_size=3, max_size=12))
+def test_batches_over_the_held_keyword_index_decide_as_record_by_record(cached, tmp_path_factory, steps):
+    """Two writers on one store, each holding the keyword index between its batches and following the
+    other's adds, updates, deletes and restores through the log (`max_candidates` 2: a common keyword
+    reaches past what is held), answer every step as the same steps decided record by record on the store
+    itself: the same events, errors and records."""
+    runs = []
+    for by_record in (False, True):
+        path = tmp_path_factory.mktemp("shared") / "m.sqlite"
+        pair = {
+            w: Memory({"store": str(path), "update": {"max_candidates": 2}}, embedder=cached) for w in "ab"
+        }
+        if by_record:  # a consolidator other than the rules' own object decides record by record
+            for memory in pair.values():
+                memory.consolidator = (lambda rules: lambda new, old, sim: rules(new, old, sim))(
+                    memory.consolidator
+                )
+        try:
+            answers = []
+            for step in steps:
+                answers.append(apply(pair[step[1]], step))
+                records = pair["a"].store.records("ann", status=None)
+                answers.append({r["id"]: (r["status"], r["version"], r["content"]) for r in records})
+            runs.append(answers)
+        finally:
+            for memory in pair.values():
+                memory.close()
+    assert runs[0] == runs[1]
+
+
 # --- the update path: time decides, not arrival -------------------------------------------------------
 CITIES = ("Denver", "Austin", "Oslo", "Lisbon")
 SAID = (  # what is said again, word for word: one record whoever says it first

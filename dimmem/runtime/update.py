@@ -30,6 +30,7 @@ from dimmem.contract.records import MEMORY_TYPES
 from dimmem.contract.validate import validate
 from dimmem.runtime.config import UpdateConfig
 from dimmem.runtime.consolidate import KEEP_BOTH, RuleConsolidator, changed, decision_scope, recency, slot
+from dimmem.runtime.keyword_arms import KeywordArms
 from dimmem.runtime.stores import RecordLog
 from dimmem.runtime.update_batch import BatchView, StoreView
 
@@ -49,6 +50,8 @@ class UpdatePath:
     ):
         self.store, self.config, self.consolidator = store, config, consolidator
         self.lock, self.encode = store.lock, encode
+        # the keyword index's arms as batches read them, kept between batches
+        self.arm_cache = KeywordArms(store, config.max_candidates)
 
     def add_batch(self, user_id: str, records: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
         """One event per record (UNCHANGED for one without a vector: stored already). By the rules, the
@@ -67,7 +70,8 @@ class UpdatePath:
             return events
         events = []
         with self.lock, self.store.transaction():
-            view = BatchView(self.store, user_id, records, self._arms, self.config.max_candidates)
+            limit = self.config.max_candidates
+            view = BatchView(self.store, user_id, records, self._arms, limit, self.arm_cache)
             for record in records:
                 vector = vectors.get(record["id"])
                 if vector is None or view.exists(record["id"]):

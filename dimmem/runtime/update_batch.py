@@ -13,6 +13,7 @@ from time import time
 
 import numpy as np
 
+from dimmem.runtime.keyword_arms import KeywordArms
 from dimmem.runtime.stores import RecordLog
 
 
@@ -50,9 +51,9 @@ class StoreView:
 class BatchView(StoreView):
     """One batch's view, inside its write block. Read at its start: which of its ids are stored, the active
     records its records' keyword arms reach (`arms(record)`: its (type, keyword) entries of the index,
-    each read `limit` deep, and read again deeper in the rare case the batch's own writes leave fewer than
-    `limit` of a full one's entries as they were), and the vectors of each record's candidates among
-    them: three queries. A stored record
+    each `limit` deep, from `cache`, which reads from the store only what it does not hold; an arm is read
+    again deeper in the rare case the batch's own writes leave fewer than `limit` of a full one's entries
+    as they were), and the vectors of each record's candidates among them. A stored record
     itself is read when the path first asks for it (the few closest candidates of a record, a speaker's
     tellings), then kept: a batch reaches thousands of records but reads a few of them whole. Each write
     goes to the store and into the view (`added`: active records written or revised by the batch, with
@@ -65,6 +66,7 @@ class BatchView(StoreView):
         records: list[dict],
         arms: Callable[[dict], list[tuple[str, str]]],
         limit: int,
+        cache: KeywordArms,
     ):
         super().__init__(store, user_id)
         self.stored = set(store.get_many(user_id, [r["id"] for r in records]))
@@ -72,13 +74,14 @@ class BatchView(StoreView):
         entries = {r["id"]: [(kind, k.casefold()) for kind, k in arms(r)] for r in new}
         wanted = sorted({arm for found in entries.values() for arm in found})
         self.limit = limit
-        self.arms = store.lookup.keyword_arms(user_id, wanted, limit)
-        self.depth: dict[tuple[str, str], int] = {}  # arms read deeper than `limit`
+        read = cache.read(user_id, wanted, limit)
+        self.arms = {arm: ids for arm, (ids, _) in read.items()}
+        self.depth = {arm: depth for arm, (_, depth) in read.items()}  # entries each arm's ids stand for
         self.records: dict[str, dict | None] = {}  # stored records read so far (None: not in the store)
         self.added: dict[str, dict] = {}
         self.added_arms: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.gone: set[str] = set()
-        self.vectors: dict[str, np.ndarray] = {}
+        self.vectors = _Rows()
         self.read_vectors: set[str] = set()  # ids whose vectors were asked of the store (some have none)
         candidates = {
             rid
@@ -93,14 +96,24 @@ class BatchView(StoreView):
         return record_id in self.stored
 
     def keywords(self, kind: str, keys: list[str], limit: int) -> list[str]:
-        """`Lookup.keywords` over the view: each arm's first `limit` active records by id, then those
-        sharing the most keys first, ties by id, `limit` of them (-1: all)."""
+        """`Lookup.keywords`' records over the view, in no order (the update path takes them as a set):
+        each arm's first `limit` active records by id, of those the `limit` sharing the most keys, ties
+        by id (-1: all)."""
         shared: Counter = Counter()
         for key in _folded(keys):
             ids = self._arm((kind, key))
             shared.update(ids[:limit] if limit >= 0 else ids)
-        ranked = sorted(sorted(shared), key=shared.__getitem__, reverse=True)  # (stable: ties stay by id)
-        return ranked[:limit] if limit >= 0 else ranked
+        if limit < 0 or len(shared) <= limit:
+            return list(shared)
+        by_count = defaultdict(list)  # (most share one key: sorting them by id alone is the cost)
+        for rid, count in shared.items():
+            by_count[count].append(rid)
+        ranked: list[str] = []
+        for count in sorted(by_count, reverse=True):
+            ranked += sorted(by_count[count])
+            if len(ranked) >= limit:
+                break
+        return ranked[:limit]
 
     def _arm(self, arm: tuple[str, str]) -> list[str]:
         """The arm's active records by id as the batch has left them: its entries read at the start less
@@ -110,7 +123,8 @@ class BatchView(StoreView):
         batch's writes, whose records are laid over from `added` as for the first."""
         ids, depth = self.arms.get(arm, []), self.depth.get(arm, self.limit)
         while True:
-            kept = [i for i in ids if i not in self.gone and i not in self.added]
+            untouched = self.gone.isdisjoint(ids) and self.added.keys().isdisjoint(ids)  # (the usual case)
+            kept = ids if untouched else [i for i in ids if i not in self.gone and i not in self.added]
             if self.limit < 0 or len(ids) < depth or len(kept) >= self.limit:
                 break
             depth += self.limit - len(kept)
@@ -125,7 +139,7 @@ class BatchView(StoreView):
         ids = sorted(i for i in record_ids if i in self.vectors)
         if not ids or k <= 0:
             return []
-        scores = np.stack([self.vectors[i] for i in ids]) @ np.asarray(vector, dtype=np.float32)
+        scores = self.vectors.rows(ids) @ np.asarray(vector, dtype=np.float32)
         return [(ids[i], float(scores[i])) for i in np.argsort(-scores, kind="stable")[:k]]
 
     def get(self, record_id: str) -> dict | None:
@@ -167,22 +181,62 @@ class BatchView(StoreView):
     def _read_vectors(self, record_ids: list[str]) -> None:
         unread = [rid for rid in record_ids if rid not in self.read_vectors]
         if unread:
-            self.vectors.update(self.store.lookup.vectors(self.user, unread))
+            self.vectors.extend(*self.store.lookup.vectors(self.user, unread))
             self.read_vectors.update(unread)
 
     def _add(self, record: dict, vector: np.ndarray | None) -> None:
         self.added[record["id"]] = record
         if vector is not None:
-            self.vectors[record["id"]] = np.asarray(vector, dtype=np.float32)
+            self.vectors.put(record["id"], vector)
         for key in _folded(record["keywords"]):
             self.added_arms[(record["type"], key)].add(record["id"])
 
     def _drop(self, record_id: str) -> None:
         record = self.added.pop(record_id, None)
-        self.vectors.pop(record_id, None)
+        self.vectors.pop(record_id)
         self.read_vectors.discard(record_id)  # asked again, it is read from the store as it now is
         for key in _folded(record["keywords"]) if record else ():
             self.added_arms[(record["type"], key)].discard(record_id)
+
+
+class _Rows:
+    """Vectors by record id, held as the rows of one matrix that grows: a record's candidates (hundreds)
+    are scored by one indexed product rather than stacked from as many arrays."""
+
+    def __init__(self) -> None:
+        self.row: dict[str, int] = {}
+        self.matrix: np.ndarray | None = None  # (rows, dimension) once a vector is put
+        self.used = 0
+
+    def __contains__(self, record_id: str) -> bool:
+        return record_id in self.row
+
+    def get(self, record_id: str) -> np.ndarray | None:
+        row = self.row.get(record_id)
+        return None if row is None else self.matrix[row].copy()
+
+    def rows(self, record_ids: list[str]) -> np.ndarray:
+        return self.matrix[[self.row[i] for i in record_ids]]
+
+    def put(self, record_id: str, vector: np.ndarray) -> None:
+        self.extend([record_id], np.asarray(vector, dtype=np.float32)[None])
+
+    def extend(self, record_ids: list[str], matrix: np.ndarray) -> None:
+        """Rows for the ids (a new vector for a held id takes a new row)."""
+        if not record_ids:
+            return
+        end = self.used + len(record_ids)
+        if self.matrix is None or end > len(self.matrix):  # twice the rows needed, at least
+            grown = np.zeros((max(2 * end, 256), matrix.shape[1]), dtype=np.float32)
+            if self.matrix is not None:
+                grown[: self.used] = self.matrix[: self.used]
+            self.matrix = grown
+        self.matrix[self.used : end] = matrix
+        self.row.update(zip(record_ids, range(self.used, end)))
+        self.used = end
+
+    def pop(self, record_id: str) -> None:
+        self.row.pop(record_id, None)
 
 
 def _folded(keys: list[str]) -> list[str]:

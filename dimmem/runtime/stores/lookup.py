@@ -6,13 +6,15 @@ from typing import Any
 
 import numpy as np
 
+from dimmem.runtime.stores import schema
+
 
 class Lookup:
     """The reads that find records rather than change them: the dimension path's lookups over the log's
     keyword table (`record_keywords`) and day columns (`t_start`, `t_end`), the lexical and dense paths'
-    searches of the log's indexes (`log.indexes`), and the update path's scoring of its candidates. Each
-    answers ids of active records (with scores) and needs none of the record lifecycle's rules: a
-    part of their own beside the log, not more surface on it."""
+    searches of the log's indexes (`log.indexes`), the update path's scoring of its candidates, and the
+    log's change numbers, which what a process holds in memory follows (`change_stamp`, `changes`). Each needs
+    none of the record lifecycle's rules: a part of their own beside the log, not more surface on it."""
 
     def __init__(self, log: Any):
         """`log`: the record log whose dialect and indexes are read."""
@@ -45,6 +47,27 @@ class Lookup:
             ids.sort()
         return found
 
+    def change_stamp(self, user_id: str) -> tuple[int, int]:
+        """(epoch, seq): the user's last change to what the indexes hold; `seq` grows with every index or
+        unindex of a record, `epoch` when the store replaced the user wholesale (`transfer.load(replace=
+        True)`) or emptied and created the row again. (0, 0): no such user yet."""
+        with self.log.dialect.cursor(user_id) as sql:
+            row = sql.row("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,))
+        return (row["epoch"], row["seq"]) if row else (0, 0)
+
+    def changes(self, user_id: str, after: int, fields: tuple[str, ...]) -> list[dict]:
+        """The records indexed or unindexed after change number `after` (0: the active records), in change
+        order: id, status and `fields`, decoded: what an in-process index (and the update path's held
+        keywords) replays to follow the log."""
+        columns = ", ".join(f'"{f}"' for f in fields)  # (quoted: `time` is a keyword in Postgres)
+        with self.log.dialect.cursor(user_id) as sql:
+            rows = sql.rows(
+                f"SELECT id, status, {columns} FROM records "
+                "WHERE {user} AND seq > ? AND (status = 'active' OR ? > 0) ORDER BY seq",
+                (user_id, after, after),
+            )
+        return [schema.decode(self.log.dialect, r) for r in rows]
+
     def in_span(self, user_id: str, start: str, end: str, limit: int = -1) -> list[str]:
         """Active records whose time overlaps the day span [start, end], the latest-starting first: those
         starting inside it, then of those starting before it the `limit` latest-starting that still run
@@ -72,13 +95,11 @@ class Lookup:
             return []
         return self.log.indexes["dense"].search(user_id, np.asarray(vector, dtype=np.float32), k)
 
-    def vectors(self, user_id: str, record_ids: list[str]) -> dict[str, np.ndarray]:
-        """{id: vector} of those of the active records that have one, read in the caller's transaction."""
-        if not record_ids:
-            return {}
+    def vectors(self, user_id: str, record_ids: list[str]) -> tuple[list[str], np.ndarray]:
+        """(ids, float32 matrix, a row each) of those of the active records that have a vector, ordered by
+        id, read in the caller's transaction."""
         with self.log.dialect.cursor(user_id) as sql:
-            ids, matrix = self.log.indexes["dense"].vectors(sql, user_id, record_ids)
-        return dict(zip(ids, matrix))
+            return self.log.indexes["dense"].vectors(sql, user_id, record_ids)
 
     def closest(
         self, user_id: str, vector: np.ndarray, record_ids: list[str], k: int

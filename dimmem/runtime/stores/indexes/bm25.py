@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from dimmem.runtime import lexical
-from dimmem.runtime.stores import schema
 
 K1, B = 1.2, 0.75  # the BM25 constants of SQLite FTS5 and most engines
 
@@ -160,31 +159,13 @@ class LexicalIndex:
         return hits
 
     def _refresh(self, user_id: str, user: _User) -> None:
-        stamp = self._stamp(user_id)
+        stamp = self.log.lookup.change_stamp(user_id)
         if stamp == user.stamp:
             return
         if stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1] or len(user.where) < len(user.ids) // 2:
             user.reset()  # from scratch: first use, a replaced user, or mostly tombstones
-        for record in self._changes(user_id, max(user.stamp[1], 0)):
+        for record in self.log.lookup.changes(user_id, max(user.stamp[1], 0), lexical.FIELDS):
             user.drop(record["id"])
             if record["status"] == "active":
                 user.add(record)
         user.stamp = stamp
-
-    def _stamp(self, user_id: str) -> tuple[int, int]:
-        """(epoch, seq): the user's last change to what the index holds; `seq` grows with every index or
-        unindex of a record, `epoch` when the user is replaced wholesale (`transfer.load(replace=True)`)."""
-        with self.log.dialect.cursor(user_id) as sql:
-            row = sql.row("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,))
-        return (row["epoch"], row["seq"]) if row else (0, 0)
-
-    def _changes(self, user_id: str, after: int) -> list[dict]:
-        """The records whose index state changed after change number `after` (0: the active records), in
-        change order: id, status and the indexed fields (`lexical.FIELDS`)."""
-        with self.log.dialect.cursor(user_id) as sql:
-            rows = sql.rows(
-                f"SELECT id, status, {', '.join(lexical.FIELDS)} FROM records "
-                "WHERE {user} AND seq > ? AND (status = 'active' OR ? > 0) ORDER BY seq",
-                (user_id, after, after),
-            )
-        return [schema.decode(self.log.dialect, r) for r in rows]

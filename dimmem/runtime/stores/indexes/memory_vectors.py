@@ -82,14 +82,14 @@ class MemoryVectors:
 
     def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
         """(ids, matrix) of the given (None: all) active records' vectors, ordered by id."""
-        rows = []
+        rows = []  # (id, bytes): the update path reads thousands a batch, no dict each
         for chunk in [None] if record_ids is None else chunks(record_ids):
             only = "" if chunk is None else f" AND record_id IN ({','.join('?' * len(chunk))})"
-            rows += sql.rows(
+            rows += sql.tuples(
                 f"SELECT record_id, vec FROM vectors WHERE {{user}}{only}", (user_id, *(chunk or ()))
             )
-        rows.sort(key=lambda r: r["record_id"])
-        return [r["record_id"] for r in rows], _matrix([r["vec"] for r in rows])
+        rows.sort()
+        return [r[0] for r in rows], _matrix([r[1] for r in rows])
 
     def closest(
         self, sql: Sql, user_id: str, query: np.ndarray, record_ids: list[str], k: int
