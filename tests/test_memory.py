@@ -15,6 +15,7 @@ import pytest
 
 from dimmem.contract.conversation import Conversation, Turn
 from dimmem.contract.records import memory_record
+from dimmem.runtime import keyword_arms
 from dimmem.runtime.consolidate import RuleConsolidator
 from dimmem.runtime.memory import Memory, RecordStateError
 from dimmem.runtime.query import parse_query_rules
@@ -491,6 +492,11 @@ def test_the_keyword_index_held_between_batches_follows_every_writer(embedder, m
     assert read == [[("fact", "cat")]]  # nothing held yet
     fresh.add_records(naps[1:], user_id="ann")
     assert read == [[("fact", "cat")]]  # held, and the batch before laid over it
+    monkeypatch.setattr(keyword_arms, "MAX_ENTRIES", 0)  # over the bound: nothing stays held
+    fresh.add_records([{**naps[0], "id": "z5", "content": "Ann's cat naps all afternoon."}], user_id="ann")
+    assert read == [[("fact", "cat")]]  # held still, then dropped
+    fresh.add_records([{**naps[0], "id": "z6", "content": "Ann's cat naps in the sun."}], user_id="ann")
+    assert read == [[("fact", "cat")]] * 2
 
 
 def test_a_rules_merge_embeds_no_text_twice(embedder, memory_factory):

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from dimmem.runtime.stores import RecordLog
 
 Arm = tuple[str, str]  # (type, casefolded keyword)
-USERS = 8  # users whose arms are held; the least recently used is dropped beyond
-MAX_ENTRIES = 2_000_000  # ids held for one user (a few tens of MB); beyond it, the user is read again
+MAX_ENTRIES = 1_000_000  # arms and ids held in all (~50 MB); beyond, the least recently used users go
 
 
 @dataclass
@@ -36,7 +35,7 @@ class _UserArms:
     ids: dict[Arm, list[str]] = field(default_factory=dict)
     bound: dict[Arm, str | None] = field(default_factory=dict)  # None: the whole arm is held
     where: dict[str, list[Arm]] = field(default_factory=dict)  # record id -> the held arms holding it
-    entries: int = 0
+    entries: int = 0  # arms and ids held
 
     def put(self, arm: Arm, ids: list[str], depth: int) -> None:
         """The arm as the store answered it, `depth` entries deep (fewer: the whole arm)."""
@@ -45,7 +44,7 @@ class _UserArms:
         self.bound[arm] = ids[-1] if depth >= 0 and len(ids) >= depth else None
         for rid in ids:
             self.where.setdefault(rid, []).append(arm)
-        self.entries += len(ids)
+        self.entries += 1 + len(ids)
 
     def replay(self, record: dict) -> None:
         """A record indexed or unindexed since: out of the arms that held it, into its held arms (within
@@ -79,9 +78,11 @@ class _UserArms:
         return (ids, len(ids)) if limit >= 0 and len(ids) >= limit else None
 
     def _forget(self, arm: Arm) -> None:
-        for rid in self.ids.pop(arm, ()):
-            self._unhold(rid, arm)
-        self.bound.pop(arm, None)
+        if arm in self.ids:
+            for rid in self.ids.pop(arm):
+                self._unhold(rid, arm)
+            del self.bound[arm]
+            self.entries -= 1
 
     def _unhold(self, rid: str, arm: Arm) -> None:
         held = self.where[rid]
@@ -92,8 +93,8 @@ class _UserArms:
 
 
 class KeywordArms:
-    """The arms of each of the last `USERS` users the update path wrote, following the store's log;
-    `depth`: the entries a batch reads of an arm (`update.max_candidates`; twice as many are held)."""
+    """The arms of the users the update path wrote last (`MAX_ENTRIES` in all), following the store's
+    log; `depth`: the entries a batch reads of an arm (`update.max_candidates`; twice as many are held)."""
 
     def __init__(self, store: RecordLog, depth: int):
         self.store, self.keep = store, 2 * depth
@@ -111,9 +112,9 @@ class KeywordArms:
             for arm, ids in self.store.lookup.keyword_arms(user_id, unread, limit).items():
                 user.put(arm, ids, limit)
                 answers[arm] = user.answer(arm, limit)
-        if user.entries > MAX_ENTRIES:
-            with self.lock:  # (what this batch was given stays valid: it is not changed)
-                self.users.pop(user_id, None)
+        with self.lock:  # (what a batch was given stays valid when its user is dropped: it is not changed)
+            while self.users and sum(u.entries for u in self.users.values()) > MAX_ENTRIES:
+                self.users.popitem(last=False)  # the least recently used first, this user last
         return answers
 
     def _held(self, user_id: str) -> _UserArms:
@@ -122,8 +123,6 @@ class KeywordArms:
         with self.lock:
             user = self.users.pop(user_id, None) or _UserArms(self.keep)
             self.users[user_id] = user  # the most recently used last
-            while len(self.users) > USERS:
-                self.users.popitem(last=False)
         stamp = self.store.lookup.change_stamp(user_id)
         if stamp == user.stamp:
             return user
