@@ -126,8 +126,8 @@ class KeywordArms:
         stamp = self.store.lookup.change_stamp(user_id)
         if stamp == user.stamp:
             return user
-        if stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1]:
-            user = _UserArms(self.keep)  # first use, or a replaced user: read anew
+        if user.stamp[1] < 0 or stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1]:
+            user = _UserArms(self.keep)  # first use, or a replaced user: nothing to replay, read anew
             with self.lock:
                 self.users[user_id] = user
         else:
