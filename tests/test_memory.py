@@ -499,6 +499,30 @@ def test_the_keyword_index_held_between_batches_follows_every_writer(embedder, m
     assert read == [[("fact", "cat")]] * 2
 
 
+def test_a_failed_batch_leaves_the_held_keyword_index_as_the_store_is(loose, monkeypatch):
+    """A batch that fails midway rolls back, and the keyword index held for the next batch is the store's:
+    the restatement the failed batch had merged is merged again, into the record it rolled back."""
+    memory = loose
+    camping = rec(id="t1", content="Ann went camping at the lake.", keywords=["Ann", "camping", "lake"])
+    memory.add_records([camping], user_id="ann")
+    again = {**camping, "id": "t2", "content": "Ann went camping at the lake with her kids."}
+    other = rec(id="t3", content="Ann bought a red kayak.", keywords=["Ann", "kayak", "lake"])
+    inserted, store_insert = [], memory.store.insert
+
+    def failing(*args, **kwargs):
+        inserted.append(args[1]["id"])
+        if len(inserted) == 2:
+            raise OSError("disk full")
+        return store_insert(*args, **kwargs)
+
+    monkeypatch.setattr(memory.store, "insert", failing)
+    with pytest.raises(OSError):
+        memory.add_records([again, other], user_id="ann")
+    monkeypatch.setattr(memory.store, "insert", store_insert)
+    assert [r["id"] for r in memory.store.records("ann", status=None)] == ["t1"]
+    assert memory.add_records([again], user_id="ann") == [{"id": "t2", "action": "MERGE", "target": "t1"}]
+
+
 def test_a_rules_merge_embeds_no_text_twice(embedder, memory_factory):
     """The rules' merge keeps the longer of the two texts, whose vector is at hand (the new record's, or
     the stored one's): a restatement costs one embedding, its own, whichever text is kept, and the kept
