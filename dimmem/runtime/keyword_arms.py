@@ -94,18 +94,19 @@ class _UserArms:
 
 class KeywordArms:
     """The arms of the users the update path wrote last (`MAX_ENTRIES` in all), following the store's
-    log; `depth`: the entries a batch reads of an arm (`update.max_candidates`; twice as many are held)."""
+    log."""
 
-    def __init__(self, store: RecordLog, depth: int):
-        self.store, self.keep = store, 2 * depth
+    def __init__(self, store: RecordLog):
+        self.store = store
         self.users: OrderedDict[str, _UserArms] = OrderedDict()
         self.lock = threading.Lock()  # around `users` only: a user's own arms change under its write lock
 
     def read(self, user_id: str, arms: list[Arm], limit: int) -> dict[Arm, tuple[list[str], int]]:
-        """{arm: (ids, depth)} for each arm, as the store has them now: call inside the batch's write
-        block (which holds the user's write lock, so nothing changes them before it commits). The lists
-        are the cache's own: read them, do not change them."""
-        user = self._held(user_id)
+        """{arm: (ids, depth)} for each arm, as the store has them now, `limit` entries of each asked (twice
+        as many are held): call inside the batch's write block (which holds the user's write lock, so
+        nothing changes them before it commits). The lists are the cache's own: read them, do not change
+        them."""
+        user = self._held(user_id, 2 * limit)
         answers = {arm: user.answer(arm, limit) for arm in arms}
         unread = [arm for arm, found in answers.items() if found is None]
         if unread:
@@ -117,21 +118,21 @@ class KeywordArms:
                 self.users.popitem(last=False)  # the least recently used first, this user last
         return answers
 
-    def _held(self, user_id: str) -> _UserArms:
+    def _held(self, user_id: str, keep: int) -> _UserArms:
         """The user's arms as the log has them now (a batch that rolled back changed nothing: its stamp
         did not move, and its arms were read before its writes)."""
         with self.lock:
-            user = self.users.pop(user_id, None) or _UserArms(self.keep)
+            user = self.users.pop(user_id, None) or _UserArms(keep)
             self.users[user_id] = user  # the most recently used last
         stamp = self.store.lookup.change_stamp(user_id)
         if stamp == user.stamp:
             return user
-        if user.stamp[1] < 0 or stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1]:
-            user = _UserArms(self.keep)  # first use, or a replaced user: nothing to replay, read anew
-            with self.lock:
-                self.users[user_id] = user
-        else:
+        if user.stamp[1] >= 0 and stamp[0] == user.stamp[0] and stamp[1] > user.stamp[1]:
             for record in self.store.lookup.changes(user_id, user.stamp[1], ("type", "keywords")):
                 user.replay(record)
+        elif user.ids:  # a replaced user (another epoch, or its changes numbered anew): read anew
+            user = _UserArms(keep)
+            with self.lock:
+                self.users[user_id] = user
         user.stamp = stamp
         return user

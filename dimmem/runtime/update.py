@@ -51,7 +51,7 @@ class UpdatePath:
         self.store, self.config, self.consolidator = store, config, consolidator
         self.lock, self.encode = store.lock, encode
         # the keyword index's arms as batches read them, kept between batches
-        self.arm_cache = KeywordArms(store, config.max_candidates)
+        self.arm_cache = KeywordArms(store)
 
     def add_batch(self, user_id: str, records: list[dict], vectors: dict[str, np.ndarray]) -> list[dict]:
         """One event per record (UNCHANGED for one without a vector: stored already). By the rules, the

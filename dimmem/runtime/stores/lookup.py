@@ -13,8 +13,9 @@ class Lookup:
     """The reads that find records rather than change them: the dimension path's lookups over the log's
     keyword table (`record_keywords`) and day columns (`t_start`, `t_end`), the lexical and dense paths'
     searches of the log's indexes (`log.indexes`), the update path's scoring of its candidates, and the
-    log's change numbers, which what a process holds in memory follows (`change_stamp`, `changes`). Each needs
-    none of the record lifecycle's rules: a part of their own beside the log, not more surface on it."""
+    log's change numbers (`change_stamp`, `changes`), which what a process holds in memory follows. Each
+    needs none of the record lifecycle's rules: a part of their own beside the log, not more surface on
+    it."""
 
     def __init__(self, log: Any):
         """`log`: the record log whose dialect and indexes are read."""
