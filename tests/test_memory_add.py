@@ -198,6 +198,77 @@ def test_dense_path_follows_appends_removals_and_other_writers(embedder, memory_
     assert a.store.lookup.dense("bob", query, 10) == []
 
 
+def _unit_store(tmp_path, n: int, seed: int = 0) -> tuple[SQLiteStore, np.ndarray]:
+    """A SQLite store with n records `r<i>` for user "u", each with a random unit vector."""
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(n, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store = SQLiteStore(tmp_path / "vectors.sqlite")
+    with store.transaction():
+        for i, v in enumerate(vectors):
+            record = memory_record(
+                source_turns=["t"], speaker="A", content=f"x{i}", type="fact", keywords=["k"]
+            )
+            store.insert("u", {"id": f"r{i}", **record}, v)
+    return store, vectors
+
+
+def test_the_held_dense_index_follows_removals_without_reading_the_user_again(tmp_path):
+    """A delete, a revision and an insert by another process's writes reach the held rows as tombstones
+    and appended rows, read from the changes alone; once most rows are tombstones they are compacted.
+    Every search ranks as an index read from scratch."""
+    store, vectors = _unit_store(tmp_path, 60)
+    dense = MemoryVectors(store.dialect)
+    assert [r for r, _ in dense.search("u", vectors[3], 2)][0] == "r3"
+    held, reads = dense.users["u"], []
+    dense.db.set_trace_callback(reads.append)
+    with store.transaction():
+        store.set_status("u", "r3", "deleted", "DELETE")
+        store.revise("u", "r5", {"content": "y"}, vectors[3], "UPDATE")
+        store.insert("u", {**store.get("u", "r6"), "id": "new"}, vectors[7])
+    hits = dense.search("u", vectors[3], 3)
+    assert [r for r, _ in hits][:1] == ["r5"] and "r3" not in dict(hits)  # r5 now carries r3's vector
+    assert dense.users["u"] is held and len(held.ids) == 62 and len(held.row) == 60  # no reload
+    assert not any("SELECT r.id" in q and "seq > 0 " in q for q in reads)  # only the changes were read
+    for q in vectors[:10]:
+        assert dense.search("u", q, 5) == MemoryVectors(store.dialect).search("u", q, 5)
+    with store.transaction():
+        for i in range(8, 50):
+            store.set_status("u", f"r{i}", "deleted", "DELETE")
+    assert [r for r, _ in dense.search("u", vectors[50], 1)] == ["r50"]
+    assert len(held.ids) == len(held.row) == 18  # compacted: most rows were tombstones
+    assert dense.search("u", vectors[7], 18) == MemoryVectors(store.dialect).search("u", vectors[7], 18)
+
+
+def test_the_update_paths_vectors_are_as_its_transaction_sees_them(tmp_path):
+    """`vectors` answers from the held rows when they are as of the caller's stamp, and from the table when
+    the caller's own open write moved it: its uncommitted record is there, the record it deleted is not."""
+    store, vectors = _unit_store(tmp_path, 30)
+    dense, ids = store.indexes["dense"], [f"r{i}" for i in range(0, 30, 3)]
+    with store.transaction(), store.dialect.cursor("u") as sql:
+        found, matrix = dense.vectors(sql, "u", ids)
+        assert "u" in dense.users  # served from the held rows
+        assert found == sorted(ids) and np.array_equal(matrix, vectors[[int(i[1:]) for i in found]])
+        store.insert("u", {**store.get("u", "r1"), "id": "r99"}, vectors[4])
+        store.set_status("u", "r3", "deleted", "DELETE")
+        found, matrix = dense.vectors(sql, "u", [*ids, "r99"])
+        assert found == sorted({*ids, "r99"} - {"r3"}) and np.array_equal(matrix[-1], vectors[4])
+        assert [r for r, _ in dense.closest(sql, "u", vectors[4], ["r99", "r4", "r3"], 3)] == ["r4", "r99"]
+    assert dense.search("u", vectors[4], 2)[1][0] == "r99"  # committed: the held rows follow
+
+
+def test_the_held_dense_index_drops_the_least_recently_used_users_beyond_its_bound(tmp_path):
+    store, vectors = _unit_store(tmp_path, 40)
+    with store.transaction():
+        for i in range(10):
+            store.insert("v", {**store.get("u", "r0"), "id": f"v{i}"}, vectors[i])
+    dense = MemoryVectors(store.dialect, max_vectors=45)
+    dense.search("u", vectors[0], 1)
+    dense.search("v", vectors[0], 1)  # 50 rows held: "u", used least recently, goes
+    assert list(dense.users) == ["v"] and dense.held == 10
+    assert dense.search("u", vectors[0], 1)[0][0] == "r0" and list(dense.users) == ["u"]
+
+
 def test_the_dense_path_reads_committed_vectors_while_another_thread_writes(tmp_path, embedder):
     """SQLite: the dense index reads the file through its own connection, so a search's dense path runs
     while another thread holds the runtime's store lock in an open write, and sees only what is
@@ -244,6 +315,18 @@ def test_ann_and_exact_search_agree_on_a_clustered_store(tmp_path):  # SQLite's 
     ]
     assert np.mean(overlap) >= 0.95
     assert exact.search("u", vectors[7], 1)[0][0] == ann.search("u", vectors[7], 1)[0][0] == "r7"
+    with store.transaction():  # removed records are passed over by the graph, which is not built again
+        for i in range(0, 2000, 3):
+            store.set_status("u", f"r{i}", "deleted", "DELETE")
+    graph = ann.users["u"].ann
+    assert ann.search("u", vectors[7], 1)[0][0] == "r7" and ann.users["u"].ann is graph
+    hits = [ann.search("u", q, 10) for q in vectors[:50]]
+    assert all(int(r[1:]) % 3 for found in hits for r, _ in found)
+    overlap = [
+        len({r for r, _ in exact.search("u", q, 10)} & {r for r, _ in found}) / 10
+        for q, found in zip(vectors[:50], hits)
+    ]
+    assert np.mean(overlap) >= 0.95
 
 
 def test_memory_config_builds_the_runtime_and_names_what_is_missing(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from itertools import filterfalse
 from time import time
 
 import numpy as np
@@ -57,7 +58,10 @@ class BatchView(StoreView):
     itself is read when the path first asks for it (the few closest candidates of a record, a speaker's
     tellings), then kept: a batch reaches thousands of records but reads a few of them whole. Each write
     goes to the store and into the view (`added`: active records written or revised by the batch, with
-    their vectors; `gone`: records it made inactive)."""
+    their vectors; `gone`: records it made inactive). An arm whose ids read hold a record the batch
+    changed is `dirty` (its ids are filtered), and a write that changes an arm's first `limit` entries
+    bumps its `version`: a record's candidates are found once for the vectors read at the start and
+    found again, when it is decided, only if the batch has changed one of its arms since."""
 
     def __init__(
         self,
@@ -81,6 +85,12 @@ class BatchView(StoreView):
         self.added: dict[str, dict] = {}
         self.added_arms: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.gone: set[str] = set()
+        self.dirty: set[tuple[str, str]] = set()  # arms whose ids read may hold a record since changed
+        self.version: Counter = Counter()  # per arm: writes that changed its first `limit` entries
+        self.edge: dict[tuple[str, str], str] = {}  # per arm: its `limit`-th entry, where known
+        self.found: dict[
+            tuple, tuple[tuple[int, ...], list[str]]
+        ] = {}  # keywords answers by arms, as of versions
         self.vectors = _Rows()
         self.read_vectors: set[str] = set()  # ids whose vectors were asked of the store (some have none)
         candidates = {
@@ -98,22 +108,27 @@ class BatchView(StoreView):
     def keywords(self, kind: str, keys: list[str], limit: int) -> list[str]:
         """`Lookup.keywords`' records over the view, in no order (the update path takes them as a set):
         each arm's first `limit` active records by id, of those the `limit` sharing the most keys, ties
-        by id (-1: all)."""
+        by id (-1: all). The answer is kept while the batch's writes leave its arms as they were (the
+        list returned is not to be changed)."""
+        arms = [(kind, key) for key in _folded(keys)]
+        asked, versions = tuple(arms), tuple(self.version[arm] for arm in arms)
+        known = self.found.get(asked) if limit == self.limit else None  # (edges are `self.limit`'s)
+        if known is not None and known[0] == versions:
+            return known[1]
         shared: Counter = Counter()
-        for key in _folded(keys):
-            ids = self._arm((kind, key))
+        for arm in arms:
+            ids = self._arm(arm)
+            if limit == self.limit and len(ids) >= limit > 0:  # (ids past it cannot change the answer)
+                self.edge[arm] = ids[limit - 1]
             shared.update(ids[:limit] if limit >= 0 else ids)
-        if limit < 0 or len(shared) <= limit:
-            return list(shared)
-        by_count = defaultdict(list)  # (most share one key: sorting them by id alone is the cost)
-        for rid, count in shared.items():
-            by_count[count].append(rid)
-        ranked: list[str] = []
-        for count in sorted(by_count, reverse=True):
-            ranked += sorted(by_count[count])
-            if len(ranked) >= limit:
-                break
-        return ranked[:limit]
+        ranked = list(shared)
+        if 0 <= limit < len(ranked):  # by count, ties by id: a stable sort keeps the id order of equals
+            ranked.sort()
+            ranked.sort(key=shared.__getitem__, reverse=True)
+            del ranked[limit:]
+        if limit == self.limit:
+            self.found[asked] = (versions, ranked)
+        return ranked
 
     def _arm(self, arm: tuple[str, str]) -> list[str]:
         """The arm's active records by id as the batch has left them: its entries read at the start less
@@ -123,20 +138,23 @@ class BatchView(StoreView):
         batch's writes, whose records are laid over from `added` as for the first."""
         ids, depth = self.arms.get(arm, []), self.depth.get(arm, self.limit)
         while True:
-            untouched = self.gone.isdisjoint(ids) and self.added.keys().isdisjoint(ids)  # (the usual case)
-            kept = ids if untouched else [i for i in ids if i not in self.gone and i not in self.added]
+            if arm in self.dirty:
+                kept = [i for i in ids if i not in self.gone and i not in self.added]
+            else:  # (the usual case: none of its ids read has changed)
+                kept = ids
             if self.limit < 0 or len(ids) < depth or len(kept) >= self.limit:
                 break
             depth += self.limit - len(kept)
             ids = self.store.lookup.keyword_arms(self.user, [arm], depth)[arm]
             self.arms[arm], self.depth[arm] = ids, depth
+            self.dirty.add(arm)  # (read after the batch's writes: it may hold the batch's own records)
         added = self.added_arms.get(arm)
         return sorted([*kept, *added]) if added else kept
 
     def closest(self, vector: np.ndarray, record_ids: list[str], k: int) -> list[tuple[str, float]]:
         """`Lookup.closest` over the view: the k nearest by cosine, ties by id."""
-        self._read_vectors([i for i in record_ids if i not in self.added])
-        ids = sorted(i for i in record_ids if i in self.vectors)
+        self._read_vectors(list(filterfalse(self.added.__contains__, record_ids)))
+        ids = sorted(filter(self.vectors.row.__contains__, record_ids))
         if not ids or k <= 0:
             return []
         scores = self.vectors.rows(ids) @ np.asarray(vector, dtype=np.float32)
@@ -168,18 +186,38 @@ class BatchView(StoreView):
         self._add({**record, "created": time(), "status": "active", "version": 1}, vector)
 
     def set_status(self, record_id: str, status: str, action: str) -> None:
+        self._changing(record_id)
         super().set_status(record_id, status, action)
         self._drop(record_id)
         self.gone.add(record_id)
 
     def revise(self, record_id: str, fields: dict, vector: np.ndarray | None, action: str) -> None:
+        self._changing(record_id)
         current = self.get(record_id)  # before the write: the version it revises
         super().revise(record_id, fields, vector, action)
         self._drop(record_id)
         self._add({**current, **fields, "version": current["version"] + 1}, vector)
 
+    def _changing(self, record_id: str) -> None:
+        """Before an active record is revised or made inactive: mark the arms of its stored version (read
+        now if the batch has not), whose ids read may hold it. A record the batch inserted is in none."""
+        if record_id not in self.records and record_id not in self.added:
+            self.get(record_id)
+        stored = self.records.get(record_id)
+        for key in _folded(stored["keywords"]) if stored else ():
+            self.dirty.add((stored["type"], key))
+            self._moved((stored["type"], key), record_id)
+
+    def _moved(self, arm: tuple[str, str], record_id: str) -> None:
+        """The record came into the arm or left it: a change to its first `limit` entries unless the arm
+        holds `limit` entries before it."""
+        edge = self.edge.get(arm)
+        if edge is None or record_id <= edge:
+            self.version[arm] += 1
+            self.edge.pop(arm, None)
+
     def _read_vectors(self, record_ids: list[str]) -> None:
-        unread = [rid for rid in record_ids if rid not in self.read_vectors]
+        unread = list(filterfalse(self.read_vectors.__contains__, record_ids))
         if unread:
             self.vectors.extend(*self.store.lookup.vectors(self.user, unread))
             self.read_vectors.update(unread)
@@ -190,6 +228,7 @@ class BatchView(StoreView):
             self.vectors.put(record["id"], vector)
         for key in _folded(record["keywords"]):
             self.added_arms[(record["type"], key)].add(record["id"])
+            self._moved((record["type"], key), record["id"])
 
     def _drop(self, record_id: str) -> None:
         record = self.added.pop(record_id, None)
@@ -197,6 +236,7 @@ class BatchView(StoreView):
         self.read_vectors.discard(record_id)  # asked again, it is read from the store as it now is
         for key in _folded(record["keywords"]) if record else ():
             self.added_arms[(record["type"], key)].discard(record_id)
+            self._moved((record["type"], key), record_id)
 
 
 class _Rows:
@@ -207,9 +247,6 @@ class _Rows:
         self.row: dict[str, int] = {}
         self.matrix: np.ndarray | None = None  # (rows, dimension) once a vector is put
         self.used = 0
-
-    def __contains__(self, record_id: str) -> bool:
-        return record_id in self.row
 
     def get(self, record_id: str) -> np.ndarray | None:
         row = self.row.get(record_id)

@@ -1,26 +1,41 @@
 """The dense index `memory` (SQLite): the active records' vectors in the file's `vectors` table, and each
-user's held in memory, kept in step with the file.
+user's held in memory, kept in step with the record log.
 
 Loading a user's vectors from SQLite for every query would cost more than the search itself, so the
-index keeps them, and before each search compares the user's epoch and counts of vectors appended and
-removed (`user_stats`, bumped by every writer process in the same transaction as the write): new vectors are
-appended, a removal (update, supersede, merge, delete) reloads the user. It reads the file through a
-connection of its own (WAL: what has committed, never another thread's open transaction), so a search's
-dense path needs no caller's lock; an in-memory database has one connection only.
+index keeps them and follows the log as the lexical index does (`bm25`): before each use it reads the
+user's change stamp (epoch, seq) and, when it moved, the records indexed or unindexed since with their
+vectors, in one snapshot. A changed record's row is tombstoned and an active one's new vector appended;
+a user is read from scratch on first use and when the store replaced the user (a new epoch), and its rows
+are compacted in memory once most are tombstones. It reads the file through a connection of its own
+(WAL: what has committed, never another thread's open transaction), so a search's dense path needs no
+caller's lock; an in-memory database has one connection only. Least recently used users are dropped
+beyond `max_vectors` rows held in all.
+
+The update path's reads of candidates' vectors (`vectors`, `closest`) come from the held rows when they
+are exactly what the caller's transaction sees (the same stamp), else from the table.
 
 Search is exact (one matrix product) below `ann_min_records` and a faiss HNSW graph (inner product on
-unit vectors = cosine) at and above it; BENCHMARKS.md shows where the crossover lies.
+unit vectors = cosine) at and above it, tombstoned rows filtered out; BENCHMARKS.md shows where the
+crossover lies.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 from dimmem.runtime.stores.base import Sql, chunks
+
+_STAMP = "SELECT epoch, seq FROM user_stats WHERE user_id=?"  # on the index's own connection
+# the records indexed or unindexed after a change number (0: the active ones), with their vectors if any
+_CHANGES = (
+    "SELECT r.id, r.status, v.vec FROM records r "
+    "LEFT JOIN vectors v ON v.user_id = r.user_id AND v.record_id = r.id "
+    "WHERE r.user_id=? AND r.seq > ? AND (r.status = 'active' OR ? > 0) ORDER BY r.seq"
+)
 
 
 def _matrix(blobs: list[bytes]) -> np.ndarray:
@@ -29,15 +44,56 @@ def _matrix(blobs: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
 
 
-@dataclass
 class _UserVectors:
-    stamp: tuple[int, int, int] = (0, 0, 0)
-    last_rowid: int = 0
-    ids: list[str] = field(default_factory=list)
-    chunks: list[np.ndarray] = field(default_factory=list)
-    matrix: np.ndarray | None = None
-    ann: object | None = None  # faiss.IndexHNSWFlat over `matrix`'s rows, in the same order
-    ann_rows: int = 0
+    """One user's vectors: rows in the order their records were last indexed, tombstones for rows whose
+    record changed since."""
+
+    def __init__(self) -> None:
+        self.stamp: tuple[int, int] = (-1, -1)  # (epoch, seq) read last; never a store's
+        self.ids: list[str] = []  # record id of each row, tombstoned ones too
+        self.row: dict[str, int] = {}  # record id -> its live row
+        self.matrix: np.ndarray | None = None  # (capacity, dimension); rows past len(ids) unused
+        self.live = np.zeros(0, dtype=bool)
+        self.ann: Any = None  # faiss.IndexHNSWFlat over the first `ann_rows` rows, in the same order
+        self.ann_rows = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def drop(self, record_id: str) -> None:
+        row = self.row.pop(record_id, None)
+        if row is not None:
+            self.live[row] = False
+
+    def append(self, record_ids: list[str], matrix: np.ndarray) -> None:
+        start, end = len(self.ids), len(self.ids) + len(record_ids)
+        if not record_ids:
+            return
+        if self.matrix is None or end > len(self.matrix):  # twice the rows needed
+            grown = np.zeros((2 * end, matrix.shape[1]), dtype=np.float32)
+            live = np.zeros(2 * end, dtype=bool)
+            if self.matrix is not None:
+                grown[:start], live[:start] = self.matrix[:start], self.live[:start]
+            self.matrix, self.live = grown, live
+        self.matrix[start:end], self.live[start:end] = matrix, True
+        self.row.update(zip(record_ids, range(start, end)))
+        self.ids += record_ids
+
+    def compact(self) -> None:
+        """Only the live rows, in their order (the graph is built again on the next search that needs it)."""
+        keep = np.flatnonzero(self.live[: len(self.ids)])
+        matrix, ids = self.matrix[keep], [self.ids[i] for i in keep]
+        self.ids, self.row, self.matrix, self.live = [], {}, None, np.zeros(0, dtype=bool)
+        self.ann, self.ann_rows = None, 0
+        self.append(ids, matrix)
+
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        """Each row's inner product with the query; -inf for a tombstone."""
+        n = len(self.ids)
+        scores = self.matrix[:n] @ query
+        if len(self.row) < n:
+            scores[~self.live[:n]] = -np.inf
+        return scores
 
 
 class MemoryVectors:
@@ -50,10 +106,15 @@ class MemoryVectors:
         hnsw_m: int = 32,
         ef_construction: int = 80,
         ef_search: int = 128,
+        max_vectors: int = 2_000_000,
     ):
+        """`max_vectors`: rows held in all users (~3 GB at 384 dimensions), least recently used users
+        dropped beyond it."""
         self.ann_min = ann_min_records
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
-        self.users: dict[str, _UserVectors] = {}
+        self.max_vectors = max_vectors
+        self.users: OrderedDict[str, _UserVectors] = OrderedDict()
+        self.held = 0  # rows held, all users
         self.lock = threading.Lock()
         self.concurrent = dialect.path != ":memory:"
         self.db = dialect.connect() if self.concurrent else dialect.db
@@ -70,18 +131,23 @@ class MemoryVectors:
             "INSERT INTO vectors (record_id, user_id, vec) VALUES (?,?,?)",
             (record["id"], user_id, np.asarray(vector, dtype=np.float32).tobytes()),
         )
-        sql.run("UPDATE user_stats SET appended = appended + 1 WHERE {user}", (user_id,))
 
     def remove(self, sql: Sql, user_id: str, record_id: str) -> None:
         sql.run("DELETE FROM vectors WHERE {user} AND record_id=?", (user_id, record_id))
-        sql.run("UPDATE user_stats SET removed = removed + 1 WHERE {user}", (user_id,))
 
     def clear(self, sql: Sql, user_id: str) -> None:
         sql.run("DELETE FROM vectors WHERE {user}", (user_id,))
-        sql.run("UPDATE user_stats SET removed = removed + 1 WHERE {user}", (user_id,))
 
     def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
-        """(ids, matrix) of the given (None: all) active records' vectors, ordered by id."""
+        """(ids, matrix) of the given (None: all) active records' vectors, ordered by id, as the caller's
+        transaction sees them: from the held rows when they are as of its stamp, else from the table."""
+        if record_ids is not None and self.concurrent:
+            found = sql.run("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,)).fetchone()
+            with self.lock:
+                user = self._refresh(user_id)
+                if user.stamp == (tuple(found) if found else (0, 0)):
+                    ids = sorted(filter(user.row.__contains__, set(record_ids)))
+                    return ids, user.matrix[list(map(user.row.__getitem__, ids))]
         rows = []  # (id, bytes): the update path reads thousands a batch, no dict each
         for chunk in [None] if record_ids is None else chunks(record_ids):
             only = "" if chunk is None else f" AND record_id IN ({','.join('?' * len(chunk))})"
@@ -94,8 +160,7 @@ class MemoryVectors:
     def closest(
         self, sql: Sql, user_id: str, query: np.ndarray, record_ids: list[str], k: int
     ) -> list[tuple[str, float]]:
-        """The k of the given records nearest the query: read in the caller's transaction, not from the
-        held matrix, which follows only what has committed."""
+        """The k of the given records nearest the query, as the caller's transaction sees them."""
         ids, matrix = self.vectors(sql, user_id, record_ids)
         if not ids:
             return []
@@ -107,52 +172,60 @@ class MemoryVectors:
             self.db.close()
 
     # --- searching ------------------------------------------------------------------------------------
-    def state(self, user_id: str) -> tuple[int, int, int]:
-        """(epoch, vectors appended, vectors removed) so far for the user: the change stamp the index
-        follows."""
-        row = self.db.execute(
-            "SELECT epoch, appended, removed FROM user_stats WHERE user_id=?", (user_id,)
-        ).fetchone()
-        return tuple(row) if row else (0, 0, 0)
-
-    def vectors_after(self, user_id: str, rowid: int) -> tuple[list[int], list[str], np.ndarray]:
-        """The user's vectors stored after `rowid` (0: all), in storage order: (rowids, ids, matrix)."""
-        rows = self.db.execute(
-            "SELECT rowid, record_id, vec FROM vectors WHERE user_id=? AND rowid>? ORDER BY rowid",
-            (user_id, rowid),
-        ).fetchall()
-        return [r[0] for r in rows], [r[1] for r in rows], _matrix([r[2] for r in rows])
-
     def search(self, user_id: str, query: np.ndarray, depth: int) -> list[tuple[str, float]]:
         """The `depth` nearest records by cosine, best first."""
         with self.lock:
             user = self._refresh(user_id)
-            if not user.ids:
+            depth = min(depth, len(user.row))
+            if depth <= 0:
                 return []
-            if len(user.ids) >= self.ann_min:
+            if len(user.row) >= self.ann_min:
                 return self._ann_search(user, query, depth)
-            scores = user.matrix @ query.astype(np.float32)
-            top = np.argpartition(-scores, depth)[:depth] if depth < len(scores) else np.arange(len(scores))
+            scores = user.scores(query.astype(np.float32))
+            top = np.argpartition(-scores, depth - 1)[:depth] if depth < len(scores) else np.arange(depth)
             top = top[np.argsort(-scores[top], kind="stable")]
             return [(user.ids[i], float(scores[i])) for i in top]
 
     def _refresh(self, user_id: str) -> _UserVectors:
-        user = self.users.get(user_id) or _UserVectors()
-        stamp = self.state(user_id)
+        """The user's held rows brought up to the last commit (under `self.lock`)."""
+        user = self.users.pop(user_id, None) or _UserVectors()
+        held = len(user)
+        if self.concurrent:
+            self.db.execute("BEGIN")  # the stamp and the changes from one snapshot
+        try:
+            found = self.db.execute(_STAMP, (user_id,)).fetchone()
+            stamp = tuple(found) if found else (0, 0)
+            if stamp != user.stamp:
+                if stamp[0] != user.stamp[0] or stamp[1] < user.stamp[1]:  # first use, or a replaced user
+                    user = _UserVectors()
+                changed = self.db.execute(
+                    _CHANGES, (user_id, max(user.stamp[1], 0), user.stamp[1])
+                ).fetchall()
+        finally:
+            if self.concurrent:
+                self.db.execute("COMMIT")
         if stamp != user.stamp:
-            if stamp[::2] != user.stamp[::2]:  # something was removed, or the user's row is new: start over
-                user = _UserVectors()
-            rowids, ids, matrix = self.vectors_after(user_id, user.last_rowid)
-            if ids:
-                user.ids += ids
-                user.chunks.append(matrix)
-                user.last_rowid = rowids[-1]
+            fresh: dict[str, bytes] = {}  # the changed records' vectors now, in change order
+            for rid, status, vec in changed:
+                user.drop(rid)
+                fresh.pop(rid, None)
+                if status == "active" and vec is not None:
+                    fresh[rid] = vec
+            user.append(list(fresh), _matrix(list(fresh.values())))
             user.stamp = stamp
-        if user.chunks:
-            user.matrix = np.concatenate(([user.matrix] if user.matrix is not None else []) + user.chunks)
-            user.chunks = []
-        self.users[user_id] = user
+            if len(user.row) < len(user) // 2:  # mostly tombstones
+                user.compact()
+        if user.ids:  # (a user without vectors is not kept: unknown users must not grow the map)
+            self.users[user_id] = user  # the most recently used last
+        self._bound(len(user) - held)
         return user
+
+    def _bound(self, grown: int) -> None:
+        self.held += grown
+        if self.held > self.max_vectors:  # (a running count; exact again before anyone is dropped)
+            self.held = sum(len(u) for u in self.users.values())
+            while len(self.users) > 1 and self.held > self.max_vectors:
+                self.held -= len(self.users.popitem(last=False)[1])
 
     def _ann_search(self, user: _UserVectors, query: np.ndarray, depth: int) -> list[tuple[str, float]]:
         import faiss
@@ -160,9 +233,12 @@ class MemoryVectors:
         if user.ann is None:
             user.ann = faiss.IndexHNSWFlat(user.matrix.shape[1], self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             user.ann.hnsw.efConstruction = self.ef_construction
-        if user.ann_rows < len(user.ids):  # HNSW takes additions; only new rows are inserted
-            user.ann.add(np.ascontiguousarray(user.matrix[user.ann_rows :]))
-            user.ann_rows = len(user.ids)
-        user.ann.hnsw.efSearch = max(self.ef_search, depth)
-        scores, positions = user.ann.search(query.astype(np.float32).reshape(1, -1), depth)
+        if user.ann_rows < len(user):  # HNSW takes additions; only new rows are inserted
+            user.ann.add(np.ascontiguousarray(user.matrix[user.ann_rows : len(user)]))
+            user.ann_rows = len(user)
+        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, depth))
+        if len(user.row) < len(user):  # tombstones are passed over
+            bits = np.packbits(user.live[: len(user)], bitorder="little")
+            params.sel = faiss.IDSelectorBitmap(len(user), faiss.swig_ptr(bits))
+        scores, positions = user.ann.search(query.astype(np.float32).reshape(1, -1), depth, params=params)
         return [(user.ids[p], float(s)) for p, s in zip(positions[0], scores[0]) if p >= 0]
