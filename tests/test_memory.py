@@ -566,9 +566,11 @@ def test_the_dense_index_reads_the_vectors_asked_for_or_all(memory_factory, embe
     with memory.store.dialect.cursor("ann") as sql:
         some, some_matrix = dense.vectors(sql, "ann", [ids[2], "b0", ids[1], "nope", ids[0]])
         every, every_matrix = dense.vectors(sql, "ann", None)
+        assert dense.vectors(sql, "ann", [])[0] == dense.vectors(sql, "ann", ["nope", ids[1]])[0] == []
     assert some == every == sorted([ids[0], ids[2]])
     expected = embedder.encode([texts[0], texts[2]] if ids[0] < ids[2] else [texts[2], texts[0]])
-    assert np.allclose(some_matrix, expected, atol=1e-5) and np.allclose(every_matrix, expected, atol=1e-5)
+    assert np.allclose(some_matrix, expected, atol=1e-5) and np.array_equal(some_matrix, every_matrix)
+    assert some_matrix.dtype == np.float32 and some_matrix.flags.c_contiguous
 
 
 def test_merge_keeps_one_richer_record_and_a_bad_decision_changes_nothing(loose, embedder, memory_factory):

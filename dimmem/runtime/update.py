@@ -72,6 +72,8 @@ class UpdatePath:
         with self.lock, self.store.transaction():
             limit = self.config.max_candidates
             view = BatchView(self.store, user_id, records, self._arms, limit, self.arm_cache)
+            if not self.store.dialect.serialized:  # a server's reads are round trips: read ahead
+                view.prefetch(vectors, SPEAKER_PROBES)
             for record in records:
                 vector = vectors.get(record["id"])
                 if vector is None or view.exists(record["id"]):

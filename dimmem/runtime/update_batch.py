@@ -88,19 +88,24 @@ class BatchView(StoreView):
         self.dirty: set[tuple[str, str]] = set()  # arms whose ids read may hold a record since changed
         self.version: Counter = Counter()  # per arm: writes that changed its first `limit` entries
         self.edge: dict[tuple[str, str], str] = {}  # per arm: its `limit`-th entry, where known
-        self.found: dict[
-            tuple, tuple[tuple[int, ...], list[str]]
-        ] = {}  # keywords answers by arms, as of versions
+        self.found: dict[tuple, tuple[tuple[int, ...], list[str]]] = {}  # keywords' answers, by arms
         self.vectors = _Rows()
         self.read_vectors: set[str] = set()  # ids whose vectors were asked of the store (some have none)
-        candidates = {
-            rid
+        self.first = {  # each new record's candidates as the batch starts
+            r["id"]: self.keywords(r["type"], [k for kind, k in entries[r["id"]] if kind == r["type"]], limit)
             for r in new
-            for rid in self.keywords(
-                r["type"], [k for kind, k in entries[r["id"]] if kind == r["type"]], limit
-            )
         }
-        self._read_vectors(sorted(candidates))
+        self._read_vectors(sorted({rid for found in self.first.values() for rid in found}))
+
+    def prefetch(self, vectors: dict[str, np.ndarray], k: int) -> None:
+        """Read in one query the stored records the path would read one new record at a time: each one's
+        `k` closest candidates as the batch starts (where a read is a round trip to a server, a batch's
+        writes then go out in one pipeline instead of waiting on a read per record)."""
+        wanted: set[str] = set()
+        for rid, found in self.first.items():
+            if rid in vectors and found:
+                wanted.update(r for r, _ in self.closest(vectors[rid], found, k))
+        self.get_many(sorted(wanted))
 
     def exists(self, record_id: str) -> bool:
         return record_id in self.stored

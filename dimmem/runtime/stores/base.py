@@ -32,9 +32,9 @@ def new_epoch() -> int:
     return secrets.randbits(62)
 
 
-def chunks(ids: list[str]) -> list[list[str]]:
-    """`ids` in lists short enough for one `IN (...)` each, on every engine."""
-    return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+def chunks(ids: list[str], size: int = _CHUNK) -> list[list[str]]:
+    """`ids` in lists of `size`, by default short enough for one `IN (...)` each, on every engine."""
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 class RecordStateError(ValueError):
@@ -61,8 +61,8 @@ class Sql:
         found = self.run(query, params, **options).fetchall()
         return found if not found or isinstance(found[0], dict) else [dict(r) for r in found]
 
-    def row(self, query: str, params: Sequence | dict = ()) -> dict | None:
-        found = self.run(query, params).fetchone()
+    def row(self, query: str, params: Sequence | dict = (), **options: Any) -> dict | None:
+        found = self.run(query, params, **options).fetchone()
         return found if found is None or isinstance(found, dict) else dict(found)
 
     def tuples(self, query: str, params: Sequence | dict = ()) -> list[tuple]:

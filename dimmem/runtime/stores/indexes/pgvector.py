@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from dimmem.runtime.embed import WIDTH as DIMENSIONS  # the embedding column
-from dimmem.runtime.stores.base import Sql
+from dimmem.runtime.stores.base import Sql, chunks
+
+_AGGREGATED = 10_000  # ids per aggregated read: 15 MB of vectors, far below a value's 1 GB bound
 
 
 def _vector(vector: np.ndarray) -> np.ndarray:
@@ -17,6 +19,13 @@ def _vector(vector: np.ndarray) -> np.ndarray:
     if values.size != DIMENSIONS:
         raise ValueError(f"vector of {values.size} dimensions; the store holds {DIMENSIONS}")
     return values
+
+
+def _from_send(data: bytes, n: int) -> np.ndarray:
+    """n vectors in pgvector's binary form (a 2-byte dimension, 2 bytes unused, big-endian float4s), joined,
+    as a float32 matrix."""
+    rows = np.frombuffer(data, dtype=np.uint8).reshape(n, -1)
+    return rows[:, 4:].copy().view(">f4").astype(np.float32)
 
 
 class PgVectors:
@@ -59,20 +68,36 @@ class PgVectors:
         return [(r["record_id"], float(r["score"])) for r in rows]
 
     def vectors(self, sql: Sql, user_id: str, record_ids: list[str] | None) -> tuple[list[str], np.ndarray]:
-        """(ids, matrix) of the given (None: all) active records' vectors, ordered by id. Two statements, not
-        one with `? IS NULL OR record_id = ANY(?)`: a prepared statement's generic plan cannot drop that OR,
-        so it tested every row of the user against the whole id list (10x slower at 1e4 records)."""
-        some = record_ids is not None
-        rows = sql.rows(
-            "SELECT record_id, embedding FROM record_vectors WHERE {user}"
-            + (" AND record_id = ANY(?::text[])" if some else "")
-            + " ORDER BY record_id",
-            (user_id, record_ids) if some else (user_id,),
-            binary=True,  # pgvector's binary format: float32 bytes, exact, no parsing of numbers
-        )
-        if not rows:
+        """(ids, matrix) of the given (None: all) active records' vectors, ordered by id. Given ids, the
+        update path's thousands a batch: one row of the ids and their vectors' binary forms joined, read as
+        one array (a row and a vector object apiece cost more than the database's work). Two statements,
+        not one with `? IS NULL OR record_id = ANY(?)`: a prepared statement's generic plan cannot drop that
+        OR, so it tested every row of the user against the whole id list (10x slower at 1e4 records)."""
+        if record_ids is None:
+            rows = sql.rows(
+                "SELECT record_id, embedding FROM record_vectors WHERE {user} ORDER BY record_id",
+                (user_id,),
+                binary=True,  # pgvector's binary format: float32 bytes, exact, no parsing of numbers
+            )
+            if not rows:
+                return [], np.zeros((0, 0), dtype=np.float32)
+            return [r["record_id"] for r in rows], np.stack([r["embedding"].to_numpy() for r in rows])
+        ids: list[str] = []
+        parts: list[np.ndarray] = []
+        for chunk in chunks(sorted(set(record_ids)), _AGGREGATED):
+            found = sql.row(
+                "SELECT array_agg(record_id ORDER BY record_id) AS ids, "
+                "string_agg(vector_send(embedding), ''::bytea ORDER BY record_id) AS vecs "
+                "FROM record_vectors WHERE {user} AND record_id = ANY(?::text[])",
+                (user_id, chunk),
+                binary=True,
+            )
+            if found and found["ids"]:
+                ids += found["ids"]
+                parts.append(_from_send(bytes(found["vecs"]), len(found["ids"])))
+        if not ids:
             return [], np.zeros((0, 0), dtype=np.float32)
-        return [r["record_id"] for r in rows], np.stack([r["embedding"].to_numpy() for r in rows])
+        return ids, np.concatenate(parts)
 
     def closest(
         self, sql: Sql, user_id: str, query: np.ndarray, record_ids: list[str], k: int
