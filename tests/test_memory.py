@@ -360,10 +360,10 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
     states, as the same records decided one at a time on the store itself (a consolidator that is not
     the rules' own object takes that path). The batch holds a restatement of a stored record, a record
     restated later in the batch, a move told out of order (a history record), an id already stored and
-    an id given twice; and with `max_candidates` 2 below the three records sharing `cat`, an earlier
-    telling that arrives late and takes the first of them out of use, after which the third is the
-    candidate of a restatement: the view must read each keyword deep enough to stand in for the records
-    the batch makes inactive."""
+    an id given twice (once again of another type: the first's keywords are read all the same); and
+    with `max_candidates` 2 below the three records sharing `cat`, an earlier telling that arrives late
+    and takes the first of them out of use, after which the third is the candidate of a restatement: the
+    view must read each keyword deep enough to stand in for the records the batch makes inactive."""
     settings = {"update": {**LOOSE, "max_candidates": 2}}
 
     def home(rid: str, city: str, day: int) -> dict:
@@ -379,7 +379,7 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
     stored = [
         rec(id=f"g{n}", content=f"Ann grows {plant} in her garden.", keywords=["Ann", "garden", plant])
         for n, plant in enumerate(["tomatoes", "roses", "basil", "tulips"])
-    ] + [home("home-1", "Denver", 1)]
+    ] + [home("home-1", "Denver", 1), rec(id="p1", content="Ann plays the cello.", keywords=["Ann", "cello"])]
     cat = {"type": "fact", "session_time": "2023-06-10T10:00"}
     stored += [
         rec(id="c1", content="Ann's cat is named Milo.", keywords=["Ann", "cat", "Milo"], **cat),
@@ -401,6 +401,8 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
         rec(id="z2", content="Ann's cat sleeps on the sofa all day.", keywords=["Ann", "cat"], **cat),
         stored[0],
         rec(id="hike-1", content="Ann went hiking at Eagle Peak."),
+        rec(id="p2", content="Ann plays the cello.", keywords=["Ann", "cello"]),
+        rec(id="p2", type="episodic", content="Ann played at a concert.", keywords=["Ann", "concert"]),
     ]
     results = []
     for name, consolidator in (("batch", None), ("one", lambda new, old, sim: RULES(new, old, sim))):
@@ -424,7 +426,10 @@ def test_a_batch_is_decided_as_record_by_record_adds_would_decide_it(embedder, m
         "MERGE",
         "UNCHANGED",
         "UNCHANGED",
+        "MERGE",
+        "UNCHANGED",
     ]
+    assert events[9] == {"id": "p2", "action": "MERGE", "target": "p1"}
     assert events[5:7] == [
         {"id": "z1", "action": "MERGE", "target": "c1"},  # an earlier telling: c1 merged into it
         {"id": "z2", "action": "MERGE", "target": "c3"},  # c3: reached past c1, out of use

@@ -75,8 +75,8 @@ class BatchView(StoreView):
         super().__init__(store, user_id)
         self.stored = set(store.get_many(user_id, [r["id"] for r in records]))
         new = [r for r in records if r["id"] not in self.stored]
-        entries = {r["id"]: [(kind, k.casefold()) for kind, k in arms(r)] for r in new}
-        wanted = sorted({arm for found in entries.values() for arm in found})
+        entries = [[(kind, k.casefold()) for kind, k in arms(r)] for r in new]  # (an id may come twice)
+        wanted = sorted({arm for found in entries for arm in found})
         self.limit = limit
         read = cache.read(user_id, wanted, limit)
         self.arms = {arm: ids for arm, (ids, _) in read.items()}
@@ -91,10 +91,10 @@ class BatchView(StoreView):
         self.found: dict[tuple, tuple[tuple[int, ...], list[str]]] = {}  # keywords' answers, by arms
         self.vectors = _Rows()
         self.read_vectors: set[str] = set()  # ids whose vectors were asked of the store (some have none)
-        self.first = {  # each new record's candidates as the batch starts
-            r["id"]: self.keywords(r["type"], [k for kind, k in entries[r["id"]] if kind == r["type"]], limit)
-            for r in new
-        }
+        self.first: dict[str, list[str]] = {}  # each new record's candidates as the batch starts
+        for r, found in zip(new, entries):
+            candidates = self.keywords(r["type"], [k for kind, k in found if kind == r["type"]], limit)
+            self.first.setdefault(r["id"], candidates)  # (an id's first record is decided, not the next)
         self._read_vectors(sorted({rid for found in self.first.values() for rid in found}))
 
     def prefetch(self, vectors: dict[str, np.ndarray], k: int) -> None:
