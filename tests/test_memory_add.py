@@ -22,6 +22,7 @@ from dimmem.runtime.memory import Memory
 from dimmem.runtime.query import ModelQueryParser
 from dimmem.runtime.stores.indexes.memory_vectors import MemoryVectors
 from dimmem.runtime.stores.sqlite import SQLiteStore
+from dimmem.runtime.stores.vector_rows import VectorRows
 
 MESSAGES = [
     {"role": "user", "content": "I adopted a beagle called Biscuit last weekend.", "timestamp": "2024-03-04"},
@@ -267,6 +268,21 @@ def test_the_held_dense_index_drops_the_least_recently_used_users_beyond_its_bou
     dense.search("v", vectors[0], 1)  # 50 rows held: "u", used least recently, goes
     assert list(dense.users) == ["v"] and dense.held == 10
     assert dense.search("u", vectors[0], 1)[0][0] == "r0" and list(dense.users) == ["u"]
+
+
+def test_vector_rows_keep_every_row_as_they_grow_and_an_ids_latest_vector():
+    """The growing matrix under the held dense index and the update path's batch view."""
+    rows, rng = VectorRows(), np.random.default_rng(0)
+    first, second = rng.random((200, 8), dtype=np.float32), rng.random((300, 8), dtype=np.float32)
+    rows.extend([f"r{i}" for i in range(200)], first)
+    rows.extend([f"s{i}" for i in range(300)], second)  # past the first capacity: grown, rows copied
+    rows.put("r5", second[0])  # a new vector for a held id takes a row of its own
+    assert len(rows) == 501
+    assert np.array_equal(rows.rows(["r0", "s299", "r5"]), np.stack([first[0], second[299], second[0]]))
+    copy = rows.get("r1")
+    copy[:] = 0
+    assert np.array_equal(rows.get("r1"), first[1])
+    assert rows.pop("s0") == 200 and rows.get("s0") is None and rows.pop("s0") is None
 
 
 def test_the_dense_path_reads_committed_vectors_while_another_thread_writes(tmp_path, embedder):

@@ -16,6 +16,7 @@ import numpy as np
 
 from dimmem.runtime.keyword_arms import KeywordArms
 from dimmem.runtime.stores import RecordLog
+from dimmem.runtime.stores.vector_rows import VectorRows
 
 
 class StoreView:
@@ -89,7 +90,7 @@ class BatchView(StoreView):
         self.version: Counter = Counter()  # per arm: writes that changed its first `limit` entries
         self.edge: dict[tuple[str, str], str] = {}  # per arm: its `limit`-th entry, where known
         self.found: dict[tuple, tuple[tuple[int, ...], list[str]]] = {}  # keywords' answers, by arms
-        self.vectors = _Rows()
+        self.vectors = VectorRows()
         self.read_vectors: set[str] = set()  # ids whose vectors were asked of the store (some have none)
         self.first: dict[str, list[str]] = {}  # each new record's candidates as the batch starts
         for r, found in zip(new, entries):
@@ -242,43 +243,6 @@ class BatchView(StoreView):
         for key in _folded(record["keywords"]) if record else ():
             self.added_arms[(record["type"], key)].discard(record_id)
             self._moved((record["type"], key), record_id)
-
-
-class _Rows:
-    """Vectors by record id, held as the rows of one matrix that grows: a record's candidates (hundreds)
-    are scored by one indexed product rather than stacked from as many arrays."""
-
-    def __init__(self) -> None:
-        self.row: dict[str, int] = {}
-        self.matrix: np.ndarray | None = None  # (rows, dimension) once a vector is put
-        self.used = 0
-
-    def get(self, record_id: str) -> np.ndarray | None:
-        row = self.row.get(record_id)
-        return None if row is None else self.matrix[row].copy()
-
-    def rows(self, record_ids: list[str]) -> np.ndarray:
-        return self.matrix[[self.row[i] for i in record_ids]]
-
-    def put(self, record_id: str, vector: np.ndarray) -> None:
-        self.extend([record_id], np.asarray(vector, dtype=np.float32)[None])
-
-    def extend(self, record_ids: list[str], matrix: np.ndarray) -> None:
-        """Rows for the ids (a new vector for a held id takes a new row)."""
-        if not record_ids:
-            return
-        end = self.used + len(record_ids)
-        if self.matrix is None or end > len(self.matrix):  # twice the rows needed, at least
-            grown = np.zeros((max(2 * end, 256), matrix.shape[1]), dtype=np.float32)
-            if self.matrix is not None:
-                grown[: self.used] = self.matrix[: self.used]
-            self.matrix = grown
-        self.matrix[self.used : end] = matrix
-        self.row.update(zip(record_ids, range(self.used, end)))
-        self.used = end
-
-    def pop(self, record_id: str) -> None:
-        self.row.pop(record_id, None)
 
 
 def _folded(keys: list[str]) -> list[str]:

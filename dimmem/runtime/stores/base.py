@@ -86,6 +86,14 @@ class Sql:
             self.cursor.executemany(self.translate(query), rows)
 
 
+def change_stamp(sql: Sql, user_id: str) -> tuple[int, int]:
+    """(epoch, seq): the user's last change to what the indexes hold, as `sql`'s transaction sees it;
+    `seq` grows with every index or unindex of a record, `epoch` when the store replaced the user wholesale
+    (`transfer.load(replace=True)`) or emptied and created the row again. (0, 0): no such user yet."""
+    row = sql.row("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,))
+    return (row["epoch"], row["seq"]) if row else (0, 0)
+
+
 class Dialect(Protocol):
     """A SQL engine under `RecordLog`."""
 

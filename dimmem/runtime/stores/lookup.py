@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from dimmem.runtime.stores import schema
+from dimmem.runtime.stores.base import change_stamp
 
 
 class Lookup:
@@ -49,12 +50,9 @@ class Lookup:
         return found
 
     def change_stamp(self, user_id: str) -> tuple[int, int]:
-        """(epoch, seq): the user's last change to what the indexes hold; `seq` grows with every index or
-        unindex of a record, `epoch` when the store replaced the user wholesale (`transfer.load(replace=
-        True)`) or emptied and created the row again. (0, 0): no such user yet."""
+        """The user's (epoch, seq) now (`base.change_stamp`)."""
         with self.log.dialect.cursor(user_id) as sql:
-            row = sql.row("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,))
-        return (row["epoch"], row["seq"]) if row else (0, 0)
+            return change_stamp(sql, user_id)
 
     def changes(self, user_id: str, after: int, fields: tuple[str, ...]) -> list[dict]:
         """The records indexed or unindexed after change number `after` (0: the active records), in change

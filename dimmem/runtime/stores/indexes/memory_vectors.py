@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from dimmem.runtime.stores.base import Sql, chunks
+from dimmem.runtime.stores.base import Sql, change_stamp, chunks
+from dimmem.runtime.stores.vector_rows import VectorRows
 
 _STAMP = "SELECT epoch, seq FROM user_stats WHERE user_id=?"  # on the index's own connection
 # the records indexed or unindexed after a change number (0: the active ones), with their vectors if any
@@ -44,52 +45,46 @@ def _matrix(blobs: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
 
 
-class _UserVectors:
+class _UserVectors(VectorRows):
     """One user's vectors: rows in the order their records were last indexed, tombstones for rows whose
     record changed since."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.stamp: tuple[int, int] = (-1, -1)  # (epoch, seq) read last; never a store's
         self.ids: list[str] = []  # record id of each row, tombstoned ones too
-        self.row: dict[str, int] = {}  # record id -> its live row
-        self.matrix: np.ndarray | None = None  # (capacity, dimension); rows past len(ids) unused
         self.live = np.zeros(0, dtype=bool)
         self.ann: Any = None  # faiss.IndexHNSWFlat over the first `ann_rows` rows, in the same order
         self.ann_rows = 0
 
-    def __len__(self) -> int:
-        return len(self.ids)
-
     def drop(self, record_id: str) -> None:
-        row = self.row.pop(record_id, None)
+        row = self.pop(record_id)
         if row is not None:
             self.live[row] = False
 
-    def append(self, record_ids: list[str], matrix: np.ndarray) -> None:
-        start, end = len(self.ids), len(self.ids) + len(record_ids)
-        if not record_ids:
-            return
-        if self.matrix is None or end > len(self.matrix):  # twice the rows needed
-            grown = np.zeros((2 * end, matrix.shape[1]), dtype=np.float32)
-            live = np.zeros(2 * end, dtype=bool)
-            if self.matrix is not None:
-                grown[:start], live[:start] = self.matrix[:start], self.live[:start]
-            self.matrix, self.live = grown, live
-        self.matrix[start:end], self.live[start:end] = matrix, True
-        self.row.update(zip(record_ids, range(start, end)))
+    def extend(self, record_ids: list[str], matrix: np.ndarray) -> None:
+        start = self.used
+        super().extend(record_ids, matrix)
+        self.live[start : self.used] = True
         self.ids += record_ids
+
+    def _grow(self, capacity: int, dimension: int) -> None:
+        super()._grow(capacity, dimension)
+        live = np.zeros(capacity, dtype=bool)
+        live[: self.used] = self.live[: self.used]
+        self.live = live
 
     def compact(self) -> None:
         """Only the live rows, in their order (the graph is built again on the next search that needs it)."""
-        keep = np.flatnonzero(self.live[: len(self.ids)])
+        keep = np.flatnonzero(self.live[: self.used])
         matrix, ids = self.matrix[keep], [self.ids[i] for i in keep]
-        self.ids, self.row, self.matrix, self.live = [], {}, None, np.zeros(0, dtype=bool)
-        self.ann, self.ann_rows = None, 0
-        self.append(ids, matrix)
+        self.row, self.matrix, self.used = {}, None, 0
+        self.ids, self.live, self.ann, self.ann_rows = [], np.zeros(0, dtype=bool), None, 0
+        self.extend(ids, matrix)
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         """Each row's inner product with the query; -inf for a tombstone."""
-        n = len(self.ids)
+        n = self.used
         scores = self.matrix[:n] @ query
         if len(self.row) < n:
             scores[~self.live[:n]] = -np.inf
@@ -142,12 +137,12 @@ class MemoryVectors:
         """(ids, matrix) of the given (None: all) active records' vectors, ordered by id, as the caller's
         transaction sees them: from the held rows when they are as of its stamp, else from the table."""
         if record_ids is not None and self.concurrent:
-            found = sql.run("SELECT epoch, seq FROM user_stats WHERE {user}", (user_id,)).fetchone()
+            stamp = change_stamp(sql, user_id)
             with self.lock:
                 user = self._refresh(user_id)
-                if user.stamp == (tuple(found) if found else (0, 0)):
+                if user.stamp == stamp:
                     ids = sorted(filter(user.row.__contains__, set(record_ids)))
-                    return ids, user.matrix[list(map(user.row.__getitem__, ids))]
+                    return ids, user.rows(ids)
         rows = []  # (id, bytes): the update path reads thousands a batch, no dict each
         for chunk in [None] if record_ids is None else chunks(record_ids):
             only = "" if chunk is None else f" AND record_id IN ({','.join('?' * len(chunk))})"
@@ -211,7 +206,7 @@ class MemoryVectors:
                 fresh.pop(rid, None)
                 if status == "active" and vec is not None:
                     fresh[rid] = vec
-            user.append(list(fresh), _matrix(list(fresh.values())))
+            user.extend(list(fresh), _matrix(list(fresh.values())))
             user.stamp = stamp
             if len(user.row) < len(user) // 2:  # mostly tombstones
                 user.compact()
