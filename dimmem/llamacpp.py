@@ -1,5 +1,6 @@
 """llama.cpp's OpenAI-compatible server for a GGUF extractor, on the CPU of a laptop (`xllamacpp`: the
-server compiled into a Python wheel, so nothing builds on install).
+server compiled into a Python wheel, so nothing builds on install; or the same release compiled for this
+CPU by `make llamacpp-native`, which is then loaded instead: `llamacpp_native`).
 
     dimmem serve llamacpp --model runs/demo/export-tiny              # an export written with --gguf
     dimmem serve llamacpp --model teacher.gguf --ctx 8192 --port 8080
@@ -25,6 +26,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from dimmem import llamacpp_native
 from dimmem.gguf_file import file_sha256, merge_lora, open_gguf
 from dimmem.launch import Service, port_in_use
 from dimmem.paths import EXPORT_CONFIG, GGUF_SETTINGS_KEY, built_once, cache_dir, read_export_config
@@ -201,6 +203,12 @@ def add_arguments(parser) -> None:
         help="speculative decoding drafted from n-grams of the context (no draft model); slower than none "
         "on 2 CPU cores (BENCHMARKS.md), and a token checked in a batch may break a near tie otherwise",
     )
+    parser.add_argument(
+        "--portable",
+        action="store_true",
+        help="the wheel's llama.cpp (built for any x86-64) even where one compiled for this CPU is present "
+        "(`make llamacpp-native`), which is used by default",
+    )
     parser.add_argument("--api-key-env", help="require the key in this environment variable")
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the process that started this one is gone"
@@ -209,6 +217,7 @@ def add_arguments(parser) -> None:
 
 def run_llamacpp(args) -> int:
     """Serve until SIGTERM or Ctrl-C."""
+    llamacpp_native.select(portable=args.portable)  # before xllamacpp is imported
     import xllamacpp
 
     if port_in_use(args.port, args.host):
@@ -248,7 +257,8 @@ def run_llamacpp(args) -> int:
         server = xllamacpp.Server(params)  # loads the model, then listens
     except RuntimeError as exc:  # llama.cpp logged why (memory, architecture, context) above
         raise LlamaCppError(f"{gguf}: llama.cpp could not start ({exc}); its log above says why") from None
-    print(json.dumps({"serving": str(gguf), "name": args.name, "url": f"{server.listening_address}/v1"}))
+    url, build = f"{server.listening_address}/v1", llamacpp_native.which(xllamacpp)
+    print(json.dumps({"serving": str(gguf), "name": args.name, "url": url, "llama.cpp": build}))
     sys.stdout.flush()
     parent = os.getppid()
     while not stop.wait(1.0):

@@ -31,16 +31,21 @@ def built_once(path: Path, key: str, build: Callable[[Path], object]) -> Path:
     """`path`, made by `build(path)` unless an earlier build of the same `key` left it whole (a stamp beside
     it, written last, holds the key and the file's size). Processes starting at once build it once: the
     others wait on a lock beside it, then find it built."""
-    stamp = path.with_name(path.name + ".built")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        whole = [key, str(path.stat().st_size)] if path.is_file() else None
-        if stamp.is_file() and stamp.read_text().split() == whole:
+        if is_built(path, key):
             return path
         build(path)
-        stamp.write_text(f"{key} {path.stat().st_size}\n")
+        path.with_name(path.name + ".built").write_text(f"{key} {path.stat().st_size}\n")
     return path
+
+
+def is_built(path: Path, key: str) -> bool:
+    """Whether a build of `key` by `built_once` left `path` whole."""
+    stamp = path.with_name(path.name + ".built")
+    whole = [key, str(path.stat().st_size)] if path.is_file() else None
+    return stamp.is_file() and stamp.read_text().rsplit(None, 1) == whole  # (a key may hold spaces)
 
 
 def read_export_config(folder: str | Path) -> dict:

@@ -115,6 +115,11 @@ class StudentConfig(Section):
         description="serve the base with the adapter folded in (built once, cached; its weights in Q8_0), "
         "faster on a CPU; false: the adapter applied at run time over the base, as trained",
     )
+    portable: bool = Field(
+        False,
+        description="the wheel's llama.cpp even where one compiled for this CPU (`make llamacpp-native`) "
+        "is present; false: that build when present, faster on a CPU with AVX-512",
+    )
 
 
 class PoolConfig(Section):

@@ -73,6 +73,7 @@ def student_service(folder: Path, log: Path, port: int, settings, **flags):
     own = {
         "lora": adapter,
         "no_merge": not settings.merge,
+        "portable": settings.portable,
         "threads": settings.threads,
         "parallel": settings.parallel,
         "ctx": settings.context,
