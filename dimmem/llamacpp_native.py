@@ -64,7 +64,9 @@ def _marker() -> tuple[Path, str]:
 def built() -> Path | None:
     """The folder to put on sys.path for the native build, if one is built for this CPU and wheel."""
     marker, key = _marker()
-    return marker.parent / "site" if is_built(marker, key) else None
+    site = marker.parent / "site"
+    whole = is_built(marker, key) and any((site / PACKAGE).glob(f"{PACKAGE}*.so"))  # (not emptied by hand)
+    return site if whole else None
 
 
 def select(portable: bool = False) -> None:
