@@ -56,9 +56,9 @@ def cpu_key() -> str:
 
 def _marker() -> tuple[Path, str]:
     """The file a finished build writes last, and the key it is built for."""
-    version = metadata.version(PACKAGE)
-    key = f"{PACKAGE}=={version} cpu={cpu_key()}"
-    return cache_dir() / "llamacpp" / f"{PACKAGE}-{version}-{cpu_key()}" / "built-for", key
+    version, cpu = metadata.version(PACKAGE), cpu_key()
+    folder = cache_dir() / "llamacpp" / f"{PACKAGE}-{version}-{cpu}"
+    return folder / "built-for", f"{PACKAGE}=={version} cpu={cpu}"
 
 
 def built() -> Path | None:

@@ -77,9 +77,9 @@ class _UserVectors(VectorRows):
     def compact(self) -> None:
         """Only the live rows, in their order (the graph is built again on the next search that needs it)."""
         keep = np.flatnonzero(self.live[: self.used])
-        matrix, ids = self.matrix[keep], [self.ids[i] for i in keep]
-        self.row, self.matrix, self.used = {}, None, 0
-        self.ids, self.live, self.ann, self.ann_rows = [], np.zeros(0, dtype=bool), None, 0
+        matrix, ids, stamp = self.matrix[keep], [self.ids[i] for i in keep], self.stamp
+        self.__init__()
+        self.stamp = stamp
         self.extend(ids, matrix)
 
     def scores(self, query: np.ndarray) -> np.ndarray:
